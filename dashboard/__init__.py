@@ -1,0 +1,1 @@
+"""The Streamlit dashboard over the SQL history (read-only)."""

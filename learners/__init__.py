@@ -1,0 +1,1 @@
+"""Everything that learns, in River's shape: predict_one, learn_one, picklable state."""

@@ -1,0 +1,1 @@
+"""Alembic migrations of the history schema; the same revisions run on SQLite and PostgreSQL."""

@@ -1,0 +1,1 @@
+"""Sources of measurements: NVML GPUs and vLLM instance metrics."""
