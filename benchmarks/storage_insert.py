@@ -19,11 +19,11 @@ from pathlib import Path
 import psycopg
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
+
 from steersman.storage import migrate
 from steersman.storage.engine import make_engine
 from steersman.storage.models import RequestRow
 from steersman.storage.writer import HistoryWriter
-
 from tests.rows import request_row
 
 

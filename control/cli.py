@@ -15,8 +15,10 @@ import tomli_w
 import typer
 from rich.console import Console
 from rich.table import Table
+
 from steersman.control.example_config import example_toml
 from steersman.control.settings import ConfigError, Settings, load_settings, masked
+from steersman.control.telemetry_cmd import telemetry
 from steersman.storage import migrate
 from steersman.storage.engine import (
     DatabaseUnavailable,
@@ -38,6 +40,7 @@ config_app = typer.Typer(help="Inspect the configuration.", no_args_is_help=True
 db_app = typer.Typer(help="Manage the SQL history database.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
+app.command()(telemetry)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

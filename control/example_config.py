@@ -7,6 +7,7 @@ from typing import Any
 
 import tomli_w
 from pydantic import BaseModel
+
 from steersman.control.settings import Settings
 
 

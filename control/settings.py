@@ -9,8 +9,10 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
 from steersman.storage.engine import mask_url
 from steersman.storage.settings import StorageSettings
+from steersman.telemetry.settings import TelemetrySettings
 
 ENV_PREFIX = "STEERSMAN_"
 ENV_DELIMITER = "__"
@@ -39,6 +41,9 @@ class Settings(BaseSettings):
     )
     storage: StorageSettings = Field(
         default_factory=StorageSettings, description="The SQL history and its writer."
+    )
+    telemetry: TelemetrySettings = Field(
+        default_factory=TelemetrySettings, description="GPU sampling through NVML and vLLM scrapes."
     )
 
     @field_validator("data_dir")

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+
 from steersman.storage.bulk import BulkInsert
 from steersman.storage.models import TABLES
 from steersman.storage.spill import SpillDir, dumps

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
+
 from steersman.storage import migrate
 from steersman.storage.engine import make_engine
 from steersman.storage.models import TABLES

@@ -1,6 +1,7 @@
 """Alembic environment: runs on the connection handed over by steersman.storage.migrate."""
 
 from alembic import context
+
 from steersman.storage.models import Base
 
 connection = context.config.attributes["connection"]

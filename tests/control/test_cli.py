@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from steersman.control.cli import app
 from steersman.storage.engine import make_engine
 from steersman.storage.writer import HistoryWriter
-from typer.testing import CliRunner
-
 from tests.rows import request_row
 
 runner = CliRunner()

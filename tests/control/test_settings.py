@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from steersman.control.example_config import example_toml
 from steersman.control.settings import ConfigError, load_settings, masked
 

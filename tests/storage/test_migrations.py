@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
+
 from steersman.storage import migrate
 from steersman.storage.models import TABLES, Base
 

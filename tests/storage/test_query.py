@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
+
 from steersman.storage.engine import make_read_only_engine
 from steersman.storage.query import NAMED, QueryError, QueryRefused, named_sql, run_query
 from steersman.storage.writer import HistoryWriter
-
 from tests.conftest import count
 from tests.rows import T0, request_row
 

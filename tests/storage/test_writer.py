@@ -9,10 +9,10 @@ from datetime import UTC
 
 import pytest
 from sqlalchemy.engine import make_url
+
 from steersman.storage.engine import make_engine
 from steersman.storage.spill import SpillDir, dumps
 from steersman.storage.writer import HistoryWriter
-
 from tests.conftest import count, wait_until
 from tests.rows import request_row
 
@@ -216,6 +216,7 @@ def test_timestamps_come_back_as_the_same_instant(engine, tmp_path):
 
     from sqlalchemy import select
     from sqlalchemy.orm import Session
+
     from steersman.storage.models import RequestRow
 
     paris = timezone(timedelta(hours=1))

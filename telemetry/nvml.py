@@ -1,0 +1,318 @@
+"""GPU readings through NVML (nvidia-ml-py); the one module that imports pynvml.
+
+Per GPU and tick: SM activity and SM occupancy from GPM metrics where the device supports GPM
+(Hopper and newer), else from utilization samples (``nvmlDeviceGetSamples``), else from
+``nvmlDeviceGetUtilizationRates``; temperature, SM clock, instantaneous power, clock-event
+(throttle) reasons and memory (v2 struct). GPM needs at least 100 ms between the two samples of a
+metric, so each GPU keeps a small ring of GPM samples taken every tick and each reading pairs the
+newest sample with the newest one at least ``gpm_span_s`` older.
+
+An NVML error degrades that one field of that one GPU and is counted; a GPU that falls off the
+bus (``NVMLError_GpuIsLost``) reports method "error" and is retried every few seconds. No NVML at
+all (no driver, no GPU) is a normal state: ``open()`` reports it once in the status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from steersman.telemetry.readings import GpuReading, SourceStatus
+
+log = logging.getLogger(__name__)
+
+_LOST_RETRY_S = 5.0
+_GPM_RING = 4
+
+
+@dataclass
+class _Gpu:
+    index: int
+    handle: Any
+    uuid: str | None
+    gpm: bool
+    gpm_ring: deque[tuple[float, Any]] = field(default_factory=deque)
+    gpm_spare: list[Any] = field(default_factory=list)
+    util_last_ts: int = 0
+    util_last: float | None = None
+    unsupported: set[str] = field(default_factory=set)
+    lost: bool = False
+    lost_at: float = float("-inf")
+    processes: int | None = None
+    processes_at: float = float("-inf")
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+class NvmlSource:
+    """Reads every GPU NVML can see. ``sample(mono, wall)`` never raises."""
+
+    def __init__(
+        self, *, gpm: str = "auto", gpm_span_s: float = 0.1, process_query_s: float = 1.0
+    ) -> None:
+        self.gpm_mode = gpm
+        self.gpm_span_s = gpm_span_s
+        self.process_query_s = process_query_s
+        self.status = SourceStatus(available=False, reason="not opened")
+        self.calls = 0
+        self._gpus: list[_Gpu] = []
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def open(self) -> SourceStatus:
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self.status = SourceStatus(available=False, reason=f"NVML unavailable: {exc}")
+            return self.status
+        if count == 0:
+            self.status = SourceStatus(available=False, reason="NVML reports no GPU")
+            return self.status
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU %d: no handle (%s); skipped", index, exc)
+                continue
+            gpu = _Gpu(index=index, handle=handle, uuid=self._uuid(handle), gpm=False)
+            gpu.gpm = self._gpm_supported(gpu)
+            self._gpus.append(gpu)
+        self.status = SourceStatus(
+            available=bool(self._gpus),
+            gpus=len(self._gpus),
+            reason="" if self._gpus else "no GPU handle could be opened",
+        )
+        return self.status
+
+    def close(self) -> None:
+        for gpu in self._gpus:
+            for _, sample in gpu.gpm_ring:
+                self._quiet(pynvml.nvmlGpmSampleFree, sample)
+            for sample in gpu.gpm_spare:
+                self._quiet(pynvml.nvmlGpmSampleFree, sample)
+        self._gpus = []
+        if self.status.available:
+            self._quiet(pynvml.nvmlShutdown)
+        self.status = SourceStatus(available=False, reason="closed")
+
+    def error_counts(self) -> dict[int, dict[str, int]]:
+        return {g.index: dict(g.errors) for g in self._gpus}
+
+    # -- sampling -----------------------------------------------------------------------------
+
+    def sample(self, mono: float, wall: float) -> list[GpuReading]:
+        return [self._read(gpu, mono, wall) for gpu in self._gpus]
+
+    def _read(self, gpu: _Gpu, mono: float, wall: float) -> GpuReading:
+        if gpu.lost:
+            if mono - gpu.lost_at < _LOST_RETRY_S:
+                return GpuReading(wall, gpu.index, gpu.uuid, "error", errors=("GpuIsLost",))
+            gpu.lost = False
+        errors: list[str] = []
+        if gpu.gpm:
+            method = "gpm"
+            activity, occupancy = self._gpm(gpu, mono, errors)
+        else:
+            method, activity = self._utilization(gpu, errors)
+            occupancy = None
+        temperature = self._call(
+            gpu,
+            errors,
+            "temperature",
+            pynvml.nvmlDeviceGetTemperature,
+            gpu.handle,
+            pynvml.NVML_TEMPERATURE_GPU,
+        )
+        clock = self._call(
+            gpu, errors, "sm_clock", pynvml.nvmlDeviceGetClockInfo, gpu.handle, pynvml.NVML_CLOCK_SM
+        )
+        power = self._power(gpu, errors)
+        reasons = self._throttle(gpu, errors)
+        memory = self._memory(gpu, errors)
+        if mono - gpu.processes_at >= self.process_query_s:
+            gpu.processes_at = mono
+            procs = self._call(
+                gpu, errors, "processes", pynvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle
+            )
+            gpu.processes = None if procs is None else len(procs)
+        if gpu.lost:
+            gpu.lost_at = mono
+            method = "error"
+        return GpuReading(
+            ts=wall,
+            gpu_index=gpu.index,
+            uuid=gpu.uuid,
+            method=method,
+            sm_activity=activity,
+            sm_occupancy=occupancy,
+            temperature_c=None if temperature is None else float(temperature),
+            sm_clock_mhz=None if clock is None else float(clock),
+            power_w=power,
+            throttle_reasons=reasons,
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            memory_reserved_bytes=getattr(memory, "reserved", None),
+            processes=gpu.processes,
+            errors=tuple(errors),
+        )
+
+    def _gpm(self, gpu: _Gpu, mono: float, errors: list[str]) -> tuple[float | None, float | None]:
+        if len(gpu.gpm_ring) + len(gpu.gpm_spare) < _GPM_RING:
+            sample = self._call(gpu, errors, "gpm_alloc", pynvml.nvmlGpmSampleAlloc)
+            if sample is None:
+                return None, None
+        elif gpu.gpm_spare:
+            sample = gpu.gpm_spare.pop()
+        else:
+            _, sample = gpu.gpm_ring.popleft()  # reuse the oldest buffer
+        if (
+            self._call(gpu, errors, "gpm_sample", pynvml.nvmlGpmSampleGet, gpu.handle, sample)
+            is None
+        ):
+            gpu.gpm_spare.append(sample)
+            return None, None
+        gpu.gpm_ring.append((mono, sample))
+        span = self.gpm_span_s - 1e-6  # float noise only; real jitter picks an older sample
+        older = next((s for t, s in reversed(gpu.gpm_ring) if mono - t >= span), None)
+        if older is None:
+            return None, None  # the first 100 ms after start: nothing old enough yet
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 2
+        request.sample1 = older
+        request.sample2 = sample
+        request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+        result = self._call(gpu, errors, "gpm_metrics", pynvml.nvmlGpmMetricsGet, request)
+        if result is None:
+            return None, None
+        values = []
+        for metric in result.metrics[:2]:
+            ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
+            values.append(_fraction(metric.value) if ok else None)
+        return values[0], values[1]
+
+    def _utilization(self, gpu: _Gpu, errors: list[str]) -> tuple[str, float | None]:
+        if "samples" not in gpu.unsupported:
+            got = self._call(
+                gpu,
+                errors,
+                "samples",
+                pynvml.nvmlDeviceGetSamples,
+                gpu.handle,
+                pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                gpu.util_last_ts,
+            )
+            if got is not None:
+                _, samples = got
+                fresh = [s for s in samples if s.timeStamp > gpu.util_last_ts]
+                if fresh:
+                    gpu.util_last_ts = max(s.timeStamp for s in fresh)
+                    gpu.util_last = _fraction(sum(s.sampleValue.uiVal for s in fresh) / len(fresh))
+                return "samples", gpu.util_last
+            if "samples" not in gpu.unsupported:  # a passing error: no reading this tick
+                return "samples", None
+        rates = self._call(
+            gpu, errors, "utilization", pynvml.nvmlDeviceGetUtilizationRates, gpu.handle
+        )
+        return "utilization", None if rates is None else _fraction(rates.gpu)
+
+    def _power(self, gpu: _Gpu, errors: list[str]) -> float | None:
+        if "power_instant" not in gpu.unsupported:
+            values = self._call(
+                gpu,
+                errors,
+                "power_instant",
+                pynvml.nvmlDeviceGetFieldValues,
+                gpu.handle,
+                [pynvml.NVML_FI_DEV_POWER_INSTANT],
+            )
+            if values is not None:
+                if values[0].nvmlReturn == pynvml.NVML_SUCCESS:
+                    return values[0].value.uiVal / 1000.0
+                gpu.unsupported.add("power_instant")  # the field is not offered by this GPU
+            elif "power_instant" not in gpu.unsupported:
+                return None
+        milliwatts = self._call(gpu, errors, "power", pynvml.nvmlDeviceGetPowerUsage, gpu.handle)
+        return None if milliwatts is None else milliwatts / 1000.0
+
+    def _throttle(self, gpu: _Gpu, errors: list[str]) -> int | None:
+        if "clock_events" not in gpu.unsupported:
+            reasons = self._call(
+                gpu,
+                errors,
+                "clock_events",
+                pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+                gpu.handle,
+            )
+            if reasons is not None or "clock_events" not in gpu.unsupported:
+                return reasons
+        return self._call(
+            gpu, errors, "throttle", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, gpu.handle
+        )
+
+    def _memory(self, gpu: _Gpu, errors: list[str]) -> Any:
+        if "memory_v2" not in gpu.unsupported:
+            memory = self._call(
+                gpu,
+                errors,
+                "memory_v2",
+                pynvml.nvmlDeviceGetMemoryInfo,
+                gpu.handle,
+                version=pynvml.nvmlMemory_v2,
+            )
+            if memory is not None or "memory_v2" not in gpu.unsupported:
+                return memory
+        return self._call(gpu, errors, "memory", pynvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+
+    # -- NVML calls ---------------------------------------------------------------------------
+
+    def _call(self, gpu: _Gpu, errors: list[str], what: str, fn: Any, *args: Any, **kw: Any) -> Any:
+        """One NVML call; an error is counted, remembered per field, and returns None."""
+        self.calls += 1
+        try:
+            return fn(*args, **kw)
+        except pynvml.NVMLError as exc:
+            name = type(exc).__name__.removeprefix("NVMLError_")
+            gpu.errors[name] += 1
+            errors.append(f"{what}:{name}")
+            if isinstance(exc, pynvml.NVMLError_NotSupported | pynvml.NVMLError_FunctionNotFound):
+                gpu.unsupported.add(what)
+            elif isinstance(exc, pynvml.NVMLError_GpuIsLost):
+                gpu.lost = True
+            return None
+        except Exception as exc:  # a driver binding bug must not kill the sampler either
+            gpu.errors[type(exc).__name__] += 1
+            errors.append(f"{what}:{type(exc).__name__}")
+            return None
+
+    def _uuid(self, handle: Any) -> str | None:
+        try:
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+        except pynvml.NVMLError:
+            return None
+        return uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+
+    def _gpm_supported(self, gpu: _Gpu) -> bool:
+        if self.gpm_mode == "off":
+            return False
+        try:
+            support = pynvml.nvmlGpmQueryDeviceSupport(gpu.handle)
+        except pynvml.NVMLError as exc:
+            gpu.errors[type(exc).__name__.removeprefix("NVMLError_")] += 1
+            return False
+        return bool(support.isSupportedDevice)
+
+    @staticmethod
+    def _quiet(fn: Any, *args: Any) -> None:
+        with contextlib.suppress(pynvml.NVMLError):
+            fn(*args)
+
+
+def _fraction(percent: float) -> float:
+    return max(0.0, min(1.0, float(percent) / 100.0))
