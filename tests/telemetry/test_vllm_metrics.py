@@ -142,3 +142,62 @@ def test_scrape_over_http(server):
             return ok
 
     assert asyncio.run(go()).running == 2
+
+
+def test_instance_scraper_keeps_state_and_writes_rows(server):
+    from steersman.storage.models import InstanceStatsRow
+    from steersman.telemetry.instances import InstanceScraper
+
+    rows: list[dict] = []
+
+    async def go():
+        async with httpx.AsyncClient() as client:
+            scraper = InstanceScraper(
+                {"a": server, "b": server + "/broken", "c": "http://127.0.0.1:1"},
+                client,
+                timeout_s=0.5,
+                aggregate_s=3600,
+                sink=rows.append,
+            )
+            await scraper.scrape_once()
+            await scraper.scrape_once()
+            return scraper.states
+
+    states = asyncio.run(go())
+    assert states["a"].reachable and states["a"].metrics.waiting == 5
+    assert (
+        not states["b"].reachable and states["b"].failures == 2 and "500" in states["b"].last_error
+    )
+    assert states["c"].failures == 2 and states["c"].metrics is None
+    # One row per instance for the first aggregate period only.
+    assert [(r["instance"], r["healthy"]) for r in rows] == [
+        ("a", True),
+        ("b", False),
+        ("c", False),
+    ]
+    assert rows[0]["running"] == 2 and rows[0]["ttft_mean_s"] == pytest.approx(1.9 / 40)
+    assert set(rows[0]) <= set(InstanceStatsRow.__table__.columns.keys())
+
+
+def test_instance_scraper_run_stops_promptly(server):
+    from steersman.telemetry.instances import InstanceScraper
+
+    async def go():
+        async with httpx.AsyncClient() as client:
+            scraper = InstanceScraper({"a": server}, client, interval_s=0.02, timeout_s=0.5)
+            stop = asyncio.Event()
+            rounds = 0
+            original = scraper.scrape_once
+
+            async def counting():
+                nonlocal rounds
+                rounds += 1
+                if rounds == 5:
+                    stop.set()
+                return await original()
+
+            scraper.scrape_once = counting
+            await asyncio.wait_for(scraper.run(stop), timeout=10)
+            return rounds
+
+    assert asyncio.run(go()) == 5
