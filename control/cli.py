@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from steersman.control.example_config import example_toml
+from steersman.control.model_cmd import model_app
 from steersman.control.settings import ConfigError, Settings, load_settings, masked
 from steersman.control.telemetry_cmd import telemetry
 from steersman.storage import migrate
@@ -41,6 +42,7 @@ db_app = typer.Typer(help="Manage the SQL history database.", no_args_is_help=Tr
 app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.command()(telemetry)
+app.add_typer(model_app, name="model")
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

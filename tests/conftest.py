@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,6 +22,15 @@ from steersman.storage.models import TABLES
 
 PG_ADMIN_URL = os.environ.get("STEERSMAN_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI") == "true"
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = os.environ.get("STEERSMAN_VLLM_PYTHON") or str(ROOT / ".vllm-venv" / "bin" / "python")
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with the reason on a developer machine; fail under CI=true, where it must run."""
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: this test must run)")
+    pytest.skip(reason)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
@@ -88,10 +100,7 @@ def pg_admin() -> PgAdmin:
     try:
         admin.execute("SELECT 1")
     except psycopg.Error as exc:
-        reason = f"PostgreSQL not reachable at {PG_ADMIN_URL}: {str(exc).strip()}"
-        if IN_CI:
-            pytest.fail(f"{reason} (CI=true: PostgreSQL tests must run)")
-        pytest.skip(reason)
+        skip_or_fail(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {str(exc).strip()}")
     return admin
 
 
@@ -147,3 +156,46 @@ def engine(db_url: str) -> Iterator[Engine]:
 def count(engine: Engine, table: str = "requests") -> int:
     with engine.connect() as conn:
         return conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar_one()
+
+
+# -- real vLLM CPU servers ------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny random Llama, built once into .cache/ and reused (about 12 s to build)."""
+    from steersman.control.model_cmd import ensure_tiny_model
+
+    return ensure_tiny_model(ROOT / ".cache" / "tiny-model")
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Two vLLM CPU servers on loopback, one core each, priority scheduling; always stopped."""
+    from steersman.control.vllm_server import VllmServer
+
+    probe = subprocess.run([VLLM_PYTHON, "-c", "import vllm"], capture_output=True)
+    if probe.returncode != 0:
+        skip_or_fail(
+            f"no vLLM at {VLLM_PYTHON}: run scripts/install_vllm_cpu.sh "
+            "(or set STEERSMAN_VLLM_PYTHON)"
+        )
+    logs = tmp_path_factory.mktemp("vllm")
+    servers = [
+        VllmServer(VLLM_PYTHON, tiny_model, free_port(), core=core, log_dir=logs) for core in (0, 1)
+    ]
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_healthy(timeout_s=180)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()

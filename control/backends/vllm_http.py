@@ -1,0 +1,170 @@
+"""A real vLLM instance (or any OpenAI-compatible server) over HTTP, with one pooled client."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+
+from steersman.control.backends.base import (
+    GenerationRequest,
+    GenerationResult,
+    InstanceUnavailable,
+    StreamBroken,
+    StreamEvent,
+    UpstreamRejected,
+)
+
+_PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+class VllmHttpBackend:
+    """Streams every request upstream, so TTFT, TPOT and QoE are measured for all of them.
+
+    With ``vllm=True`` (a vLLM server) each chunk carries cumulative usage
+    (``continuous_usage_stats``), so every token's arrival time is known exactly; ``priority``
+    and ``vllm_xargs`` are passed through. Every network call has a deadline.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 60.0,
+        max_connections: int = 256,
+        vllm: bool = True,
+        api_key: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.vllm = vllm
+        self._clock = clock
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    def _body(self, request: GenerationRequest) -> dict[str, Any]:
+        body = dict(request.body)
+        body["stream"] = True
+        options = dict(body.get("stream_options") or {})
+        options["include_usage"] = True
+        if self.vllm:
+            options["continuous_usage_stats"] = True
+            if request.priority is not None:
+                body["priority"] = request.priority
+            if request.xargs:
+                body["vllm_xargs"] = request.xargs
+        body["stream_options"] = options
+        return body
+
+    async def stream(
+        self, request: GenerationRequest, result: GenerationResult
+    ) -> AsyncIterator[StreamEvent]:
+        url = _PATHS[request.kind]
+        done = False
+        try:
+            async with self.client.stream("POST", url, json=self._body(request)) as response:
+                if response.status_code >= 400:
+                    raw = await response.aread()
+                    _raise_for_status(self.name, response.status_code, raw, result)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    now = self._clock()
+                    try:
+                        data = json.loads(payload)
+                    except json.JSONDecodeError:
+                        raise self._broken(
+                            result, now, f"unreadable chunk {payload[:80]!r}"
+                        ) from None
+                    if not isinstance(data, dict):
+                        raise self._broken(result, now, "chunk is not an object")
+                    if "error" in data:
+                        raise self._broken(result, now, f"server error mid-stream: {data['error']}")
+                    _account(result, data, now)
+                    yield StreamEvent(now, data)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            result.error = f"{self.name}: cannot connect: {type(exc).__name__}"
+            raise InstanceUnavailable(result.error, result) from None
+        except (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            message = f"{self.name}: {type(exc).__name__} after {len(result.token_times)} chunks"
+            if not result.token_times:
+                result.error = message
+                raise InstanceUnavailable(message, result) from None
+            raise self._broken(result, self._clock(), message) from None
+        if not done:
+            raise self._broken(result, self._clock(), "stream ended without [DONE]")
+        result.finished_at = self._clock()
+
+    def _broken(self, result: GenerationResult, now: float, why: str) -> StreamBroken:
+        result.error = f"{self.name}: {why}"
+        result.finished_at = now
+        return StreamBroken(result.error, result)
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        try:
+            response = await self.client.get("/health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _raise_for_status(name: str, status: int, raw: bytes, result: GenerationResult) -> None:
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        body: Any = json.loads(text)
+    except json.JSONDecodeError:
+        body = text
+    message = body.get("error", {}).get("message", text) if isinstance(body, dict) else text
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        message = body["message"]
+    result.error = f"{name}: HTTP {status}: {str(message)[:300]}"
+    if status >= 500 or status == 429:
+        raise InstanceUnavailable(result.error, result)
+    raise UpstreamRejected(result.error, status, body)
+
+
+def _account(result: GenerationResult, data: dict[str, Any], now: float) -> None:
+    """Fold one chunk into the result: text per choice, token arrival times, usage."""
+    produced = False
+    for choice in data.get("choices") or ():
+        index = choice.get("index", 0)
+        delta = choice.get("text")
+        if delta is None:
+            delta = (choice.get("delta") or {}).get("content")
+        if delta:
+            result.texts[index] = result.texts.get(index, "") + delta
+            produced = True
+        if choice.get("finish_reason"):
+            result.finish_reason = choice["finish_reason"]
+    usage = data.get("usage") or {}
+    if usage:
+        result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
+        result.completion_tokens = usage.get("completion_tokens", result.completion_tokens)
+    tokens = result.completion_tokens
+    last = result.token_times[-1][1] if result.token_times else 0
+    if tokens is not None and tokens > last:
+        result.token_times.append((now, tokens))
+    elif produced and not usage:
+        result.token_times.append((now, last + 1))  # no per-chunk usage: one token per chunk
+    if result.first_token_at is None and result.token_times:
+        result.first_token_at = result.token_times[0][0]
