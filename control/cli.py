@@ -18,6 +18,7 @@ from rich.table import Table
 
 from steersman.control.example_config import example_toml
 from steersman.control.model_cmd import model_app
+from steersman.control.replay_cmd import replay_command
 from steersman.control.settings import ConfigError, Settings, load_settings, masked
 from steersman.control.telemetry_cmd import telemetry
 from steersman.storage import migrate
@@ -43,6 +44,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.command()(telemetry)
 app.add_typer(model_app, name="model")
+app.command("replay")(replay_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
