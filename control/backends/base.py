@@ -54,6 +54,32 @@ class GenerationResult:
     def e2e(self) -> float | None:
         return None if self.finished_at is None else self.finished_at - self.started_at
 
+    def account(self, data: dict[str, Any], now: float) -> None:
+        """Fold one streamed OpenAI chunk in: text per choice, token arrival times, usage."""
+        produced = False
+        for choice in data.get("choices") or ():
+            index = choice.get("index", 0)
+            delta = choice.get("text")
+            if delta is None:
+                delta = (choice.get("delta") or {}).get("content")
+            if delta:
+                self.texts[index] = self.texts.get(index, "") + delta
+                produced = True
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        usage = data.get("usage") or {}
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+        tokens = self.completion_tokens
+        last = self.token_times[-1][1] if self.token_times else 0
+        if tokens is not None and tokens > last:
+            self.token_times.append((now, tokens))
+        elif produced and not usage:
+            self.token_times.append((now, last + 1))  # no per-chunk usage: a token per chunk
+        if self.first_token_at is None and self.token_times:
+            self.first_token_at = self.token_times[0][0]
+
     @property
     def tpot(self) -> float | None:
         """Mean time per output token after the first."""

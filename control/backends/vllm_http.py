@@ -97,7 +97,7 @@ class VllmHttpBackend:
                         raise self._broken(result, now, "chunk is not an object")
                     if "error" in data:
                         raise self._broken(result, now, f"server error mid-stream: {data['error']}")
-                    _account(result, data, now)
+                    result.account(data, now)
                     yield StreamEvent(now, data)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             result.error = f"{self.name}: cannot connect: {type(exc).__name__}"
@@ -141,30 +141,3 @@ def _raise_for_status(name: str, status: int, raw: bytes, result: GenerationResu
     if status >= 500 or status == 429:
         raise InstanceUnavailable(result.error, result)
     raise UpstreamRejected(result.error, status, body)
-
-
-def _account(result: GenerationResult, data: dict[str, Any], now: float) -> None:
-    """Fold one chunk into the result: text per choice, token arrival times, usage."""
-    produced = False
-    for choice in data.get("choices") or ():
-        index = choice.get("index", 0)
-        delta = choice.get("text")
-        if delta is None:
-            delta = (choice.get("delta") or {}).get("content")
-        if delta:
-            result.texts[index] = result.texts.get(index, "") + delta
-            produced = True
-        if choice.get("finish_reason"):
-            result.finish_reason = choice["finish_reason"]
-    usage = data.get("usage") or {}
-    if usage:
-        result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
-        result.completion_tokens = usage.get("completion_tokens", result.completion_tokens)
-    tokens = result.completion_tokens
-    last = result.token_times[-1][1] if result.token_times else 0
-    if tokens is not None and tokens > last:
-        result.token_times.append((now, tokens))
-    elif produced and not usage:
-        result.token_times.append((now, last + 1))  # no per-chunk usage: one token per chunk
-    if result.first_token_at is None and result.token_times:
-        result.first_token_at = result.token_times[0][0]

@@ -1,0 +1,145 @@
+"""A simulated vLLM instance behind the backend interface, in real time (no HTTP, no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from steersman.control.backends.base import (
+    GenerationRequest,
+    GenerationResult,
+    StreamEvent,
+    UpstreamRejected,
+)
+from steersman.control.sim.engine import SimEngine, SimRequest
+from steersman.control.sim.profiles import StepModel
+
+
+def _prompt_text(request: GenerationRequest) -> str:
+    if request.kind == "chat":
+        messages = request.body.get("messages") or []
+        return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    prompt = request.body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+
+
+class SimBackend:
+    """Steps a SimEngine on the event loop, sleeping each step's modelled duration, and streams
+    vLLM-shaped chunks with per-chunk usage. A request generates ``max_tokens`` tokens (as with
+    ``ignore_eos``), or ``vllm_xargs["sim_output_tokens"]`` when given and smaller."""
+
+    def __init__(
+        self,
+        name: str,
+        model: StepModel,
+        *,
+        policy: str = "priority",
+        count_tokens: Callable[[str], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.engine = SimEngine(model, policy)
+        self._count = count_tokens or (lambda text: max(1, len(text) // 4))
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.healthy = True
+
+    async def _run(self) -> None:
+        while True:
+            plan = self.engine.plan() if self.engine.has_work() else None
+            if plan is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await asyncio.sleep(plan.duration)
+            self.engine.finish(plan, self._clock())
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stream(
+        self, request: GenerationRequest, result: GenerationResult
+    ) -> AsyncIterator[StreamEvent]:
+        body = request.body
+        prompt_tokens = self._count(_prompt_text(request))
+        output = int(body.get("max_tokens") or 16)
+        if request.xargs and "sim_output_tokens" in request.xargs:
+            output = max(1, min(output, int(request.xargs["sim_output_tokens"])))
+        limit = self.engine.model.max_model_len
+        if prompt_tokens + output > limit:
+            message = (
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt_tokens + output} tokens ({prompt_tokens} in the "
+                f"messages, {output} in the completion)."
+            )
+            result.error = f"{self.name}: HTTP 400: {message}"
+            raise UpstreamRejected(result.error, 400, {"error": {"message": message}})
+        queue: asyncio.Queue[tuple[float, int]] = asyncio.Queue()
+        sim = SimRequest(
+            request.request_id,
+            self._clock(),
+            prompt_tokens,
+            output,
+            priority=request.priority or 0,
+            on_token=lambda r, t: queue.put_nowait((t, r.generated)),
+        )
+        self.engine.add(sim)
+        self._ensure_running()
+        self._wake.set()
+        chat = request.kind == "chat"
+        created = int(time.time())
+        try:
+            while True:
+                t, n = await queue.get()
+                last = n >= output
+                data = _chunk(request, chat, created, n, prompt_tokens, last)
+                result.account(data, t)
+                yield StreamEvent(t, data)
+                if last:
+                    result.finished_at = t
+                    return
+        finally:
+            if sim.finished_at is None:
+                self.engine.abort(sim)  # the caller stopped listening: free its KV blocks
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        return self.healthy
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+def _chunk(
+    request: GenerationRequest, chat: bool, created: int, n: int, prompt_tokens: int, last: bool
+) -> dict[str, Any]:
+    finish = "length" if last else None
+    if chat:
+        delta: dict[str, Any] = {"content": f" t{n}"}
+        if n == 1:
+            delta["role"] = "assistant"
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": f" t{n}", "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    return {
+        "id": f"sim-{request.request_id}",
+        "object": kind,
+        "created": created,
+        "model": request.body.get("model", "sim"),
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": prompt_tokens + n,
+        },
+    }

@@ -1,0 +1,274 @@
+"""The engine model of one vLLM instance: continuous batching, chunked prefill, paged KV blocks
+with preemption by recompute, FCFS or priority queues, as vLLM's v1 scheduler does them.
+
+The engine is plain state and decisions: ``plan()`` picks what the next step computes and what it
+costs, ``finish(plan, end)`` applies it at the step's end. A driver owns time: the virtual-time
+cluster jumps from event to event, the real-time backend sleeps for each step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from steersman.control.sim.profiles import StepModel
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    id: str
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int  # the length it will generate (max_tokens with ignore_eos, or true length)
+    priority: int = 0
+    computed: int = 0  # tokens whose KV is computed
+    generated: int = 0
+    blocks: int = 0
+    order: int = 0  # admission order, the tie-break of priority and the FCFS key
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    preemptions: int = 0
+    on_token: Callable[[SimRequest, float], None] | None = None
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def remaining(self) -> int:
+        return self.output_tokens - self.generated
+
+
+@dataclass
+class Plan:
+    """One step: (request, tokens to compute) pairs and the step's cost."""
+
+    work: list[tuple[SimRequest, int]]
+    prefill_tokens: int
+    decode_seqs: int
+    context_tokens: int
+    duration: float
+    steps: int = 1  # >1 when decode steps are taken in one go (virtual time only)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    preemptions: int = 0
+    finished: int = 0
+    busy_s: float = 0.0
+
+
+class SimEngine:
+    """One simulated instance. ``policy`` is "fcfs" or "priority" (lower value first)."""
+
+    def __init__(self, model: StepModel, policy: str = "fcfs") -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown scheduling policy {policy!r}")
+        self.model = model
+        self.policy = policy
+        self.free_blocks = model.num_blocks
+        self.running: list[SimRequest] = []
+        self._waiting: list[tuple[tuple[int, int], SimRequest]] = []
+        self._order = itertools.count()
+        self.stats = EngineStats()
+
+    # -- queue ----------------------------------------------------------------------------------
+
+    def add(self, request: SimRequest) -> None:
+        if request.prompt_tokens + request.output_tokens > self.model.max_model_len:
+            raise ValueError(
+                f"{request.id}: {request.prompt_tokens} + {request.output_tokens} "
+                f"tokens exceed the {self.model.max_model_len}-token window"
+            )
+        request.order = next(self._order)
+        heapq.heappush(self._waiting, (self._key(request), request))
+
+    def _key(self, r: SimRequest) -> tuple[int, int]:
+        return (r.priority, r.order) if self.policy == "priority" else (0, r.order)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self._waiting)
+
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.model.num_blocks
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.model.block_size)
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def plan(self) -> Plan | None:
+        budget = self.model.max_num_batched_tokens
+        work: list[tuple[SimRequest, int]] = []
+        preempted = False
+        scheduled: set[int] = set()
+        for req in list(self.running):
+            if req not in self.running:
+                continue  # preempted earlier in this loop
+            n = min(req.total - req.computed, budget)
+            if n <= 0:
+                continue
+            need = self._blocks_for(req.computed + n) - req.blocks
+            while need > self.free_blocks:
+                victim = self._victim()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req not in self.running:
+                continue
+            self.free_blocks -= need
+            req.blocks += need
+            work.append((req, n))
+            scheduled.add(id(req))
+            budget -= n
+        if not preempted:
+            while self._waiting and budget > 0 and len(self.running) < self.model.max_num_seqs:
+                req = self._waiting[0][1]
+                n = min(req.total - req.computed, budget)
+                need = self._blocks_for(req.computed + n) - req.blocks
+                if need > self.free_blocks:
+                    break
+                heapq.heappop(self._waiting)
+                self.free_blocks -= need
+                req.blocks += need
+                self.running.append(req)
+                work.append((req, n))
+                budget -= n
+        if not work:
+            return None
+        prefill = sum(n for r, n in work if n > 1 or r.computed < r.prompt_tokens)
+        decode = sum(1 for r, n in work if n == 1 and r.computed >= r.prompt_tokens)
+        context = sum(r.computed + n for r, n in work)
+        return Plan(work, prefill, decode, context, self.model.step_time(prefill, decode, context))
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request wherever it is (a client went away); its blocks are freed."""
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self._waiting = [(k, r) for k, r in self._waiting if r is not req]
+            heapq.heapify(self._waiting)
+        self.free_blocks += req.blocks
+        req.blocks = 0
+
+    def _victim(self) -> SimRequest:
+        if self.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.order))
+        return self.running[-1]
+
+    def _preempt(self, req: SimRequest) -> None:
+        """Preemption by recompute: blocks freed, progress lost, back to the queue's head."""
+        self.running.remove(req)
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        req.computed = 0
+        req.preemptions += 1
+        self.stats.preemptions += 1
+        heapq.heappush(self._waiting, (self._key(req), req))
+
+    def finish(self, plan: Plan, end: float) -> list[SimRequest]:
+        """Apply a step ending at ``end``; returns the requests that finished."""
+        self.stats.steps += plan.steps
+        self.stats.busy_s += plan.duration
+        done: list[SimRequest] = []
+        for req, n in plan.work:
+            req.computed += n
+            if req.computed < req.total:
+                continue  # a prefill chunk: no token yet
+            req.generated += 1
+            if req.first_token_at is None:
+                req.first_token_at = end
+            if req.on_token is not None:
+                req.on_token(req, end)
+            if req.generated >= req.output_tokens:
+                req.finished_at = end
+                self.running.remove(req)
+                self.free_blocks += req.blocks
+                req.blocks = 0
+                done.append(req)
+        self.stats.finished += len(done)
+        return done
+
+    # -- many decode steps at once (virtual time) -----------------------------------------------
+
+    def plan_decode_run(self, horizon: float) -> Plan | None:
+        """Take ``k`` pure decode steps in one go while nothing else can change: every running
+        request decodes, none finishes before the k-th step, the queue cannot be admitted, the KV
+        blocks suffice, and the k steps end by ``horizon`` (the next arrival anywhere).
+        Token-by-token delivery callbacks are not supported here."""
+        running = self.running
+        if not running or any(r.on_token is not None for r in running):
+            return None
+        if self._waiting and len(running) < self.model.max_num_seqs:
+            return None
+        if len(running) > self.model.max_num_batched_tokens:
+            return None
+        if any(r.total - r.computed != 1 for r in running):
+            return None  # a prefill is still in progress somewhere
+        k = min(r.remaining for r in running)
+        n = len(running)
+        m = self.model
+        base = m.a + m.c * n + m.d * sum(r.computed + 1 for r in running)
+
+        def duration(steps: int) -> float:  # context grows by n tokens per step
+            return steps * base + m.d * n * steps * (steps - 1) / 2
+
+        def blocks_needed(steps: int) -> int:
+            return sum(self._blocks_for(r.computed + steps) - r.blocks for r in running)
+
+        if duration(k) > horizon:
+            k = max(1, _largest(lambda s: duration(s) <= horizon, k))
+        if blocks_needed(k) > self.free_blocks:
+            k = _largest(lambda s: blocks_needed(s) <= self.free_blocks, k)
+        if k < 2:
+            return None
+        return Plan(
+            [(r, k) for r in running],
+            0,
+            n,
+            sum(r.computed + k for r in running),
+            duration(k),
+            steps=k,
+        )
+
+    def finish_decode_run(self, plan: Plan, start: float) -> list[SimRequest]:
+        k = plan.steps
+        done = []
+        for req, _ in plan.work:
+            need = self._blocks_for(req.computed + k) - req.blocks
+            self.free_blocks -= need
+            req.blocks += need
+            req.computed += k
+            req.generated += k
+        self.stats.steps += k
+        self.stats.busy_s += plan.duration
+        end = start + plan.duration
+        for req, _ in plan.work:
+            if req.generated >= req.output_tokens:
+                req.finished_at = end
+                self.running.remove(req)
+                self.free_blocks += req.blocks
+                req.blocks = 0
+                done.append(req)
+        self.stats.finished += len(done)
+        return done
+
+
+def _largest(ok: Callable[[int], bool], upper: int) -> int:
+    """The largest s in [0, upper] with ok(s), for a monotone ok (true then false)."""
+    lo, hi = 0, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

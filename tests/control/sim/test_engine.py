@@ -1,0 +1,171 @@
+"""The simulated vLLM engine: batching, chunked prefill, KV blocks, preemption, queue policies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from steersman.control.sim.engine import SimEngine, SimRequest
+from steersman.control.sim.profiles import PROFILES, StepModel
+from steersman.control.sim.virtual import round_robin, run_cluster
+
+UNIT = StepModel(
+    "unit",
+    a=1.0,
+    b=0.0,
+    c=0.0,
+    d=0.0,
+    num_blocks=1000,
+    block_size=16,
+    max_num_seqs=8,
+    max_num_batched_tokens=2048,
+    max_model_len=8192,
+)
+
+
+def _drain(engine: SimEngine, now: float = 0.0) -> float:
+    while engine.has_work():
+        plan = engine.plan()
+        assert plan is not None, "work left that can never be scheduled"
+        now += plan.duration
+        engine.finish(plan, now)
+    return now
+
+
+def test_one_request_prefills_then_decodes_a_token_per_step():
+    engine = SimEngine(UNIT)
+    r = SimRequest("a", 0.0, prompt_tokens=100, output_tokens=5)
+    engine.add(r)
+    end = _drain(engine)
+    assert (r.first_token_at, r.finished_at, end) == (1.0, 5.0, 5.0)
+    assert engine.free_blocks == UNIT.num_blocks and engine.stats.steps == 5
+
+
+def test_step_time_follows_the_model():
+    model = dataclasses.replace(UNIT, a=0.01, b=0.001, c=0.1, d=0.0001)
+    engine = SimEngine(model)
+    engine.add(SimRequest("a", 0.0, prompt_tokens=200, output_tokens=3))
+    first = engine.plan()
+    assert (first.prefill_tokens, first.decode_seqs, first.context_tokens) == (200, 0, 200)
+    assert first.duration == pytest.approx(0.01 + 0.2 + 0.02)
+    engine.finish(first, first.duration)
+    second = engine.plan()
+    assert (second.prefill_tokens, second.decode_seqs, second.context_tokens) == (0, 1, 201)
+    assert second.duration == pytest.approx(0.01 + 0.1 + 0.0201)
+
+
+def test_long_prompts_prefill_in_chunks_within_the_token_budget():
+    engine = SimEngine(UNIT)
+    r = SimRequest("long", 0.0, prompt_tokens=5000, output_tokens=2)
+    engine.add(r)
+    _drain(engine)
+    assert r.first_token_at == 3.0  # 2048 + 2048 + 904 prompt tokens
+
+
+def test_continuous_batching_admits_up_to_max_num_seqs():
+    engine = SimEngine(dataclasses.replace(UNIT, max_num_seqs=2))
+    reqs = [SimRequest(f"r{i}", 0.0, 10, 4) for i in range(3)]
+    for r in reqs:
+        engine.add(r)
+    _drain(engine)
+    assert [r.first_token_at for r in reqs] == [1.0, 1.0, 5.0]
+    assert [r.finished_at for r in reqs] == [4.0, 4.0, 8.0]
+
+
+@pytest.mark.parametrize(
+    ("policy", "order"),
+    [("priority", ["urgent", "normal", "late"]), ("fcfs", ["late", "normal", "urgent"])],
+)
+def test_queue_policies(policy, order):
+    engine = SimEngine(dataclasses.replace(UNIT, max_num_seqs=1), policy=policy)
+    for name, priority in (("late", 9), ("normal", 5), ("urgent", 0)):
+        engine.add(SimRequest(name, 0.0, 10, 2, priority=priority))
+    done = []
+    now = 0.0
+    while engine.has_work():
+        plan = engine.plan()
+        now += plan.duration
+        done += [r.id for r in engine.finish(plan, now)]
+    assert done == order
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_running_out_of_kv_blocks_preempts_by_recompute(policy):
+    # 12 blocks of 16 slots: three requests of 48-token prompts fill 9 blocks, and their growth
+    # forces preemptions.
+    model = dataclasses.replace(UNIT, num_blocks=12)
+    engine = SimEngine(model, policy=policy)
+    reqs = [SimRequest(f"r{i}", 0.0, 48, 40, priority=i) for i in range(3)]
+    for r in reqs:
+        engine.add(r)
+    _drain(engine)
+    assert all(r.generated == 40 and r.finished_at is not None for r in reqs)
+    assert engine.stats.preemptions > 0
+    victims = [r.id for r in reqs if r.preemptions]
+    assert "r0" not in victims  # the first admitted / most urgent request keeps running
+    assert engine.free_blocks == 12
+
+
+def test_a_request_too_long_for_the_window_is_refused():
+    engine = SimEngine(dataclasses.replace(UNIT, max_model_len=100))
+    with pytest.raises(ValueError, match="100-token window"):
+        engine.add(SimRequest("x", 0.0, 90, 20))
+
+
+def test_abort_frees_blocks():
+    engine = SimEngine(UNIT)
+    r = SimRequest("a", 0.0, 100, 50)
+    engine.add(r)
+    plan = engine.plan()
+    engine.finish(plan, plan.duration)
+    assert engine.free_blocks < UNIT.num_blocks
+    engine.abort(r)
+    assert engine.free_blocks == UNIT.num_blocks and not engine.has_work()
+
+
+def _workload(n: int, rate: float) -> list[SimRequest]:
+    import random
+
+    rng = random.Random(4)
+    t, out = 0.0, []
+    for i in range(n):
+        out.append(SimRequest(f"r{i}", t, rng.randint(20, 1500), rng.randint(1, 400)))
+        t += rng.expovariate(rate)
+    return out
+
+
+def test_decode_runs_match_single_steps_exactly():
+    model = dataclasses.replace(PROFILES["a100-llama2-7b"], num_blocks=600)
+
+    def run(fast: bool) -> dict[str, tuple[float, float]]:
+        engines = [SimEngine(model) for _ in range(3)]
+        if not fast:
+            for e in engines:
+                e.plan_decode_run = lambda horizon: None  # type: ignore[method-assign]
+        result = run_cluster(_workload(300, 6.0), engines, round_robin())
+        assert len(result.finished) == 300
+        return {r.id: (r.first_token_at, r.finished_at) for r in result.finished}
+
+    fast, slow = run(True), run(False)
+    assert fast.keys() == slow.keys()
+    for key in fast:
+        assert fast[key] == pytest.approx(slow[key], rel=1e-9, abs=1e-9)
+
+
+def test_cluster_dispatch_sees_each_engine_and_every_request_finishes():
+    seen = []
+
+    def least_waiting(req, engines, now):
+        seen.append(now)
+        return min(range(len(engines)), key=lambda k: (engines[k].waiting, len(engines[k].running)))
+
+    arrivals = _workload(200, 20.0)
+    run = run_cluster(
+        arrivals, [SimEngine(PROFILES["a100-llama2-7b"]) for _ in range(4)], least_waiting
+    )
+    assert len(run.finished) == 200 and seen == [r.arrival for r in arrivals]
+    assert all(
+        r.first_token_at >= r.arrival and r.finished_at >= r.first_token_at for r in run.finished
+    )
+    assert {len([1 for e in run.engines if e.stats.finished])} == {4}
