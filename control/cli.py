@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from steersman.control.calibrate_cmd import calibrate_command
 from steersman.control.example_config import example_toml
 from steersman.control.model_cmd import model_app
 from steersman.control.replay_cmd import replay_command
@@ -45,6 +46,7 @@ app.add_typer(db_app, name="db")
 app.command()(telemetry)
 app.add_typer(model_app, name="model")
 app.command("replay")(replay_command)
+app.command("calibrate")(calibrate_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -88,6 +88,8 @@ class SimBackend:
             priority=request.priority or 0,
             on_token=lambda r, t: queue.put_nowait((t, r.generated)),
         )
+        if self.engine.model.admission_s > 0:
+            await asyncio.sleep(self.engine.model.admission_s)
         self.engine.add(sim)
         self._ensure_running()
         self._wake.set()

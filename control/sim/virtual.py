@@ -48,7 +48,11 @@ def run_cluster(
         if not engine.has_work():
             busy[k] = False
             return
-        horizon = arrivals[i].arrival - now if i < len(arrivals) else math.inf
+        upcoming = min(
+            arrivals[i].arrival if i < len(arrivals) else math.inf,
+            pending[0][0] if pending else math.inf,
+        )
+        horizon = upcoming - now
         plan = engine.plan_decode_run(horizon) or engine.plan()
         if plan is None:
             busy[k] = False  # nothing fits until something else finishes
@@ -56,9 +60,21 @@ def run_cluster(
         busy[k] = True
         heapq.heappush(steps, (now + plan.duration, next(seq), k, plan, now))
 
-    while i < len(arrivals) or steps:
+    # Requests on their way through an API server (admission_s) before reaching an engine.
+    pending: list[tuple[float, int, int, SimRequest]] = []
+
+    def enqueue(k: int, req: SimRequest, now: float) -> None:
+        engines[k].add(req)
+        if not busy[k]:
+            start(k, now)
+
+    while i < len(arrivals) or steps or pending:
         next_arrival = arrivals[i].arrival if i < len(arrivals) else math.inf
-        if steps and steps[0][0] <= next_arrival:
+        next_pending = pending[0][0] if pending else math.inf
+        if next_pending <= next_arrival and (not steps or next_pending < steps[0][0]):
+            now, _, k, req = heapq.heappop(pending)
+            enqueue(k, req, now)
+        elif steps and steps[0][0] <= next_arrival:
             end, _, k, plan, began = heapq.heappop(steps)
             now = end
             engine = engines[k]
@@ -74,8 +90,10 @@ def run_cluster(
             req = arrivals[i]
             i += 1
             k = dispatch(req, engines, now)
-            engines[k].add(req)
-            if not busy[k]:
-                start(k, now)
+            delay = engines[k].model.admission_s
+            if delay > 0:
+                heapq.heappush(pending, (now + delay, next(seq), k, req))
+            else:
+                enqueue(k, req, now)
         events += 1
     return ClusterRun(finished, engines, now, events)
