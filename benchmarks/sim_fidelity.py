@@ -106,7 +106,7 @@ def main() -> None:
                 "requests": len(items),
                 "rate_rps": args.rate,
                 "real_failed": len(failed),
-        "real_errors": sorted({o.error or "" for o in failed})[:5],
+                "real_errors": sorted({o.error or "" for o in failed})[:5],
                 "real_wall_s": round(real_wall, 2),
                 "profile": profile.name,
                 "real": {k: round(v, 5) for k, v in real.items()},

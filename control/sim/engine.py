@@ -50,7 +50,33 @@ class Plan:
     decode_seqs: int
     context_tokens: int
     duration: float
-    steps: int = 1  # >1 when decode steps are taken in one go (virtual time only)
+    steps: int = 1
+    run: bool = False  # ``steps`` decode steps taken in one go (virtual time only)
+    per_step: float = 0.0  # a run's first step; each later one is ``growth`` longer
+    growth: float = 0.0
+
+    def run_time(self, steps: int) -> float:
+        """How long the first ``steps`` steps of a run take."""
+        return steps * self.per_step + self.growth * steps * (steps - 1) / 2
+
+    def steps_done_by(self, elapsed: float) -> int:
+        """Steps of a run completed ``elapsed`` seconds after it began."""
+        return _largest(lambda s: self.run_time(s) <= elapsed + 1e-12, self.steps)
+
+    def truncated(self, steps: int) -> Plan:
+        """The same run cut to its first ``steps`` steps."""
+        work = [(r, steps) for r, _ in self.work]
+        return Plan(
+            work,
+            0,
+            self.decode_seqs,
+            sum(r.computed + steps for r, _ in work),
+            self.run_time(steps),
+            steps,
+            True,
+            self.per_step,
+            self.growth,
+        )
 
 
 @dataclass
@@ -159,6 +185,16 @@ class SimEngine:
         self.free_blocks += req.blocks
         req.blocks = 0
 
+    def _head_fits(self) -> bool:
+        """Whether the next step would admit the queue's head. During a run of decode steps the
+        answer cannot turn to yes: the token budget stays and free blocks only shrink."""
+        head = self._waiting[0][1]
+        budget = self.model.max_num_batched_tokens - len(self.running)
+        if budget <= 0:
+            return False
+        chunk = min(head.total - head.computed, budget)
+        return self._blocks_for(head.computed + chunk) - head.blocks <= self.free_blocks
+
     def _victim(self) -> SimRequest:
         if self.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.order))
@@ -199,16 +235,17 @@ class SimEngine:
 
     # -- many decode steps at once (virtual time) -----------------------------------------------
 
-    def plan_decode_run(self, horizon: float) -> Plan | None:
+    def plan_decode_run(self, horizon: float = float("inf")) -> Plan | None:
         """Take ``k`` pure decode steps in one go while nothing else can change: every running
         request decodes, none finishes before the k-th step, the queue cannot be admitted, the KV
-        blocks suffice, and the k steps end by ``horizon`` (the next arrival anywhere).
-        Token-by-token delivery callbacks are not supported here."""
+        blocks suffice, and the k steps end by ``horizon``. A driver that adds a request during
+        the run cuts it short with ``Plan.truncated``. Token-by-token delivery callbacks are not
+        supported here."""
         running = self.running
         if not running or any(r.on_token is not None for r in running):
             return None
-        if self._waiting and len(running) < self.model.max_num_seqs:
-            return None
+        if self._waiting and len(running) < self.model.max_num_seqs and self._head_fits():
+            return None  # the queue's head would be admitted at the next step
         if len(running) > self.model.max_num_batched_tokens:
             return None
         if any(r.total - r.computed != 1 for r in running):
@@ -237,6 +274,9 @@ class SimEngine:
             sum(r.computed + k for r in running),
             duration(k),
             steps=k,
+            run=True,
+            per_step=base,
+            growth=m.d * n,
         )
 
     def finish_decode_run(self, plan: Plan, start: float) -> list[SimRequest]:

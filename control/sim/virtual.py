@@ -33,10 +33,14 @@ def run_cluster(
     """Dispatch each request at its arrival time and run every engine until all are done.
 
     ``arrivals`` must be sorted by ``arrival``. An engine step that ends at the same instant as
-    an arrival completes first, so the dispatcher sees the engines' state at that instant.
+    an arrival completes first. Engines take runs of decode steps in one go until their own next
+    event; a request joining an engine mid-run cuts the run at the step in progress, where vLLM
+    would admit it. The dispatcher sees an engine mid-run as it was when the run began (who runs
+    and who waits are exact: nobody joins or leaves during a run).
     """
     steps: list[tuple[float, int, int, Plan, float]] = []
     busy = [False] * len(engines)
+    current: dict[int, tuple[int, Plan, float]] = {}  # engine -> (heap entry id, plan, began)
     seq = itertools.count()
     finished: list[SimRequest] = []
     events = 0
@@ -48,25 +52,33 @@ def run_cluster(
         if not engine.has_work():
             busy[k] = False
             return
-        upcoming = min(
-            arrivals[i].arrival if i < len(arrivals) else math.inf,
-            pending[0][0] if pending else math.inf,
-        )
-        horizon = upcoming - now
-        plan = engine.plan_decode_run(horizon) or engine.plan()
+        plan = engine.plan_decode_run() or engine.plan()
         if plan is None:
             busy[k] = False  # nothing fits until something else finishes
             return
         busy[k] = True
-        heapq.heappush(steps, (now + plan.duration, next(seq), k, plan, now))
+        entry = next(seq)
+        current[k] = (entry, plan, now)
+        heapq.heappush(steps, (now + plan.duration, entry, k, plan, now))
 
     # Requests on their way through an API server (admission_s) before reaching an engine.
     pending: list[tuple[float, int, int, SimRequest]] = []
+    cancelled: set[int] = set()  # heap entries of runs that were cut short
 
     def enqueue(k: int, req: SimRequest, now: float) -> None:
         engines[k].add(req)
         if not busy[k]:
             start(k, now)
+            return
+        entry, plan, began = current[k]
+        if plan.run:  # cut the run after the step in progress, so the newcomer gets admitted
+            keep = min(plan.steps, plan.steps_done_by(now - began) + 1)
+            if keep < plan.steps:
+                cancelled.add(entry)
+                cut = plan.truncated(keep)
+                new_entry = next(seq)
+                current[k] = (new_entry, cut, began)
+                heapq.heappush(steps, (began + cut.duration, new_entry, k, cut, began))
 
     while i < len(arrivals) or steps or pending:
         next_arrival = arrivals[i].arrival if i < len(arrivals) else math.inf
@@ -75,14 +87,13 @@ def run_cluster(
             now, _, k, req = heapq.heappop(pending)
             enqueue(k, req, now)
         elif steps and steps[0][0] <= next_arrival:
-            end, _, k, plan, began = heapq.heappop(steps)
+            end, entry, k, plan, began = heapq.heappop(steps)
+            if entry in cancelled:
+                cancelled.discard(entry)
+                continue
             now = end
             engine = engines[k]
-            done = (
-                engine.finish_decode_run(plan, began)
-                if plan.steps > 1
-                else engine.finish(plan, end)
-            )
+            done = engine.finish_decode_run(plan, began) if plan.run else engine.finish(plan, end)
             finished.extend(done)
             start(k, now)
         else:
