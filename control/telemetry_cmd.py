@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Annotated, Any
 
 import typer
@@ -97,8 +98,17 @@ def telemetry(
         return
     pause = threading.Event()
     try:
-        # A reading needs a GPM pair gpm_span_s apart, plus a tick.
-        pause.wait(settings.telemetry.gpm_span_s + 2 * settings.telemetry.period_s)
+        # The first SM activity needs a GPM pair gpm_span_s apart: wait for it on every GPU
+        # (bounded, so a GPU whose readings fail still gets printed, with its errors).
+        t = settings.telemetry
+        deadline = time.monotonic() + max(2.0, 10 * (t.gpm_span_s + t.period_s))
+        while time.monotonic() < deadline:
+            latest = sampler.latest()
+            if len(latest) == status.gpus and all(
+                r.sm_activity is not None or r.errors for r in latest.values()
+            ):
+                break
+            pause.wait(t.period_s)
         waited = 0.0
         while True:
             readings = sampler.latest()
