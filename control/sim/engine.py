@@ -131,35 +131,39 @@ class SimEngine:
     # -- one step -------------------------------------------------------------------------------
 
     def plan(self) -> Plan | None:
-        budget = self.model.max_num_batched_tokens
+        model = self.model
+        bs = model.block_size
+        budget = model.max_num_batched_tokens
         work: list[tuple[SimRequest, int]] = []
-        preempted = False
-        scheduled: set[int] = set()
+        victims: set[int] = set()
         for req in list(self.running):
-            if req not in self.running:
+            if victims and id(req) in victims:
                 continue  # preempted earlier in this loop
-            n = min(req.total - req.computed, budget)
+            n = min(req.prompt_tokens + req.generated - req.computed, budget)
             if n <= 0:
                 continue
-            need = self._blocks_for(req.computed + n) - req.blocks
+            need = -(-(req.computed + n) // bs) - req.blocks
             while need > self.free_blocks:
                 victim = self._victim()
                 self._preempt(victim)
-                preempted = True
+                victims.add(id(victim))
                 if victim is req:
                     break
-            if req not in self.running:
+            if victims and id(req) in victims:
                 continue
             self.free_blocks -= need
             req.blocks += need
             work.append((req, n))
-            scheduled.add(id(req))
             budget -= n
-        if not preempted:
-            while self._waiting and budget > 0 and len(self.running) < self.model.max_num_seqs:
+        if victims:
+            # A victim scheduled earlier in this step gives its tokens back; nobody new joins.
+            budget += sum(n for r, n in work if id(r) in victims)
+            work = [(r, n) for r, n in work if id(r) not in victims]
+        else:
+            while self._waiting and budget > 0 and len(self.running) < model.max_num_seqs:
                 req = self._waiting[0][1]
-                n = min(req.total - req.computed, budget)
-                need = self._blocks_for(req.computed + n) - req.blocks
+                n = min(req.prompt_tokens + req.generated - req.computed, budget)
+                need = -(-(req.computed + n) // bs) - req.blocks
                 if need > self.free_blocks:
                     break
                 heapq.heappop(self._waiting)
@@ -170,10 +174,14 @@ class SimEngine:
                 budget -= n
         if not work:
             return None
-        prefill = sum(n for r, n in work if n > 1 or r.computed < r.prompt_tokens)
-        decode = sum(1 for r, n in work if n == 1 and r.computed >= r.prompt_tokens)
-        context = sum(r.computed + n for r, n in work)
-        return Plan(work, prefill, decode, context, self.model.step_time(prefill, decode, context))
+        prefill = decode = context = 0
+        for r, n in work:
+            context += r.computed + n
+            if n == 1 and r.computed >= r.prompt_tokens:
+                decode += 1
+            else:
+                prefill += n
+        return Plan(work, prefill, decode, context, model.step_time(prefill, decode, context))
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request wherever it is (a client went away); its blocks are freed."""
@@ -217,7 +225,7 @@ class SimEngine:
         done: list[SimRequest] = []
         for req, n in plan.work:
             req.computed += n
-            if req.computed < req.total:
+            if req.computed < req.prompt_tokens + req.generated:
                 continue  # a prefill chunk: no token yet
             req.generated += 1
             if req.first_token_at is None:
@@ -242,24 +250,30 @@ class SimEngine:
         the run cuts it short with ``Plan.truncated``. Token-by-token delivery callbacks are not
         supported here."""
         running = self.running
-        if not running or any(r.on_token is not None for r in running):
-            return None
-        if self._waiting and len(running) < self.model.max_num_seqs and self._head_fits():
-            return None  # the queue's head would be admitted at the next step
-        if len(running) > self.model.max_num_batched_tokens:
-            return None
-        if any(r.total - r.computed != 1 for r in running):
-            return None  # a prefill is still in progress somewhere
-        k = min(r.remaining for r in running)
         n = len(running)
         m = self.model
-        base = m.a + m.c * n + m.d * sum(r.computed + 1 for r in running)
+        if not running or n > m.max_num_batched_tokens:
+            return None
+        if self._waiting and n < m.max_num_seqs and self._head_fits():
+            return None  # the queue's head would be admitted at the next step
+        k = m.max_model_len
+        context = 0
+        for r in running:
+            if r.on_token is not None or r.prompt_tokens + r.generated - r.computed != 1:
+                return None  # a prefill in progress, or token-by-token delivery wanted
+            left = r.output_tokens - r.generated
+            if left < k:
+                k = left
+            context += r.computed + 1
+        base = m.a + m.c * n + m.d * context
+        growth = m.d * n  # the context grows by n tokens per step
+        bs = m.block_size
 
-        def duration(steps: int) -> float:  # context grows by n tokens per step
-            return steps * base + m.d * n * steps * (steps - 1) / 2
+        def duration(steps: int) -> float:
+            return steps * base + growth * steps * (steps - 1) / 2
 
         def blocks_needed(steps: int) -> int:
-            return sum(self._blocks_for(r.computed + steps) - r.blocks for r in running)
+            return sum(-(-(r.computed + steps) // bs) - r.blocks for r in running)
 
         if duration(k) > horizon:
             k = max(1, _largest(lambda s: duration(s) <= horizon, k))
@@ -271,33 +285,34 @@ class SimEngine:
             [(r, k) for r in running],
             0,
             n,
-            sum(r.computed + k for r in running),
+            context + n * (k - 1),
             duration(k),
             steps=k,
             run=True,
             per_step=base,
-            growth=m.d * n,
+            growth=growth,
         )
 
     def finish_decode_run(self, plan: Plan, start: float) -> list[SimRequest]:
         k = plan.steps
+        bs = self.model.block_size
+        end = start + plan.duration
         done = []
         for req, _ in plan.work:
-            need = self._blocks_for(req.computed + k) - req.blocks
-            self.free_blocks -= need
-            req.blocks += need
             req.computed += k
             req.generated += k
-        self.stats.steps += k
-        self.stats.busy_s += plan.duration
-        end = start + plan.duration
-        for req, _ in plan.work:
+            need = -(-req.computed // bs) - req.blocks
+            self.free_blocks -= need
+            req.blocks += need
             if req.generated >= req.output_tokens:
                 req.finished_at = end
-                self.running.remove(req)
-                self.free_blocks += req.blocks
-                req.blocks = 0
                 done.append(req)
+        for req in done:
+            self.running.remove(req)
+            self.free_blocks += req.blocks
+            req.blocks = 0
+        self.stats.steps += k
+        self.stats.busy_s += plan.duration
         self.stats.finished += len(done)
         return done
 
