@@ -41,7 +41,7 @@ class VllmServer:
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.python = python
-        self.model_dir = Path(model_dir)
+        self.model_dir = Path(model_dir).resolve()
         self.port = port
         self.core = core
         self.served_name = served_name
@@ -77,7 +77,6 @@ class VllmServer:
             "127.0.0.1",
             "--port",
             str(self.port),
-            "--disable-uvicorn-access-log",
             *self.extra_args,
         ]
 
@@ -92,7 +91,6 @@ class VllmServer:
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1",
-                "VLLM_LOGGING_LEVEL": "WARNING",
             }
         )
         if self.core is not None:
@@ -107,7 +105,13 @@ class VllmServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.environment(),
-                start_new_session=True,  # its own process group: stop() takes the workers too
+                # `python -m` puts the working directory first on sys.path: run where no folder
+                # can shadow one of vLLM's imports.
+                cwd=self.log_dir,
+                # Its own process group, so stop() takes the workers too; but not a session of
+                # its own: with the kernel's autogroup scheduling a new session would get one
+                # share of the CPU against the whole session that drives it.
+                process_group=0,
             )
         return self
 

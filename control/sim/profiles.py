@@ -73,20 +73,20 @@ PROFILES: dict[str, StepModel] = {
     "a100-llama2-7b": _gpu("a100-llama2-7b", 6.74, 2039, 312, 2 * 32 * 4096 * 2, 80, 4096),
     # 2 * 32 layers * 8 KV heads * 128 * 2 bytes = 128 KiB per token.
     "h100-llama3-8b": _gpu("h100-llama3-8b", 8.03, 3350, 989, 2 * 32 * 8 * 128 * 2, 80, 8192),
-    # steersman calibrate --base-url http://127.0.0.1:8101 --name cpu-tiny (vLLM CPU 0.32.0,
-    # tiny model, one core, float32, 1 GiB KV cache) on the 2-core development machine.
+    # `python -m benchmarks.sim_fidelity` calibrates the vLLM CPU 0.32.0 server it starts (tiny
+    # model, one core, float32, 1 GiB KV cache) on the 2-core development machine.
     "cpu-tiny": StepModel(
         name="cpu-tiny",
-        a=0.00545,
-        b=0.0000049,
-        c=0.00027,
-        d=0.0,
+        a=0.00343,
+        b=0.0000070,
+        c=0.000123,
+        d=0.0000000743,
         num_blocks=32768,
         block_size=16,
         max_num_seqs=256,
         max_num_batched_tokens=2048,
         max_model_len=1024,
-        admission_s=0.0165,
+        admission_s=0.0097,
         source="steersman calibrate against vLLM CPU 0.32.0 and the tiny model",
     ),
 }

@@ -13,7 +13,7 @@ from steersman.learners.metrics import ProgressiveScore
 
 
 def _stream(n: int, rng: random.Random, bias: float):
-    """Requests whose true length depends on a feature; the base model is off by a factor ``bias``."""
+    """Requests whose length depends on a feature; the base model is off by factor ``bias``."""
     for _ in range(n):
         brief = float(rng.random() < 0.5)
         actual = rng.uniform(20, 40) if brief else rng.uniform(200, 400)
