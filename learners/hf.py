@@ -235,6 +235,11 @@ class RobertaLengthModel:
         when the time budget is spent. ``progress(step, total, info)`` is called per batch."""
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
+        head = getattr(getattr(self.model, "classifier", None), "out_proj", None)
+        if head is not None and targets_log:
+            # Start the regression head at the mean target: the encoder then learns deviations.
+            with torch.no_grad():
+                head.bias.fill_(sum(targets_log) / len(targets_log))
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
         started = time.monotonic()
         best, best_state, stale, history = math.inf, None, 0, []
@@ -258,7 +263,7 @@ class RobertaLengthModel:
                 optimizer.step()
                 step += 1
                 if progress is not None:
-                    progress(step, total, {"epoch": epoch + 1, "loss": float(loss)})
+                    progress(step, total, {"epoch": epoch + 1, "loss": float(loss.detach())})
                 if time_budget_s is not None and time.monotonic() - started > time_budget_s:
                     stopped = "time budget"
                     break
