@@ -16,14 +16,10 @@ import time
 
 import pytest
 
+from steersman.control.replay import percentile
 from steersman.telemetry.nvml import NvmlSource
 from steersman.telemetry.sampler import Sampler
 from tests.telemetry.fake_nvml import FakeGpu, FakeNvml
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def main() -> None:
@@ -56,8 +52,8 @@ def main() -> None:
                 "ticks": stats.ticks,
                 "expected_ticks": int(wall / args.period),
                 "skipped_ticks": stats.skipped,
-                "jitter_p50_ms": round(_pct(jitter_ms, 0.50), 3),
-                "jitter_p99_ms": round(_pct(jitter_ms, 0.99), 3),
+                "jitter_p50_ms": round(percentile(jitter_ms, 0.50), 3),
+                "jitter_p99_ms": round(percentile(jitter_ms, 0.99), 3),
                 "jitter_max_ms": round(max(jitter_ms), 3),
                 "jitter_mean_ms": round(statistics.fmean(jitter_ms), 3),
                 "nvml_calls_per_tick": round(sum(fake.calls.values()) / stats.ticks, 2),

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 
+from steersman.control.replay import percentile
 from steersman.telemetry.fragmentation import allocator_fragmentation
 from steersman.telemetry.nvml import NvmlSource
 from steersman.telemetry.readings import GpuReading
@@ -76,7 +77,7 @@ def main() -> int:
             )
     sampler.stop()
     wall = time.monotonic() - started
-    jitter = sorted(1000 * j for j in sampler.stats.jitter_s)
+    jitter = [1000 * j for j in sampler.stats.jitter_s]
     fields = (
         "sm_activity",
         "sm_occupancy",
@@ -94,8 +95,8 @@ def main() -> int:
         },
         "errors": source.error_counts(),
         "ticks": sampler.stats.ticks,
-        "jitter_p50_ms": round(jitter[len(jitter) // 2], 3) if jitter else None,
-        "jitter_p99_ms": round(jitter[int(0.99 * (len(jitter) - 1))], 3) if jitter else None,
+        "jitter_p50_ms": percentile(jitter, 0.50),
+        "jitter_p99_ms": percentile(jitter, 0.99),
         "sampler_cpu_pct_of_one_core": round(100 * sampler.stats.cpu_s / wall, 3),
         "nvml_calls_per_tick": round(source.calls / max(1, sampler.stats.ticks), 2),
         "torch": _torch_fragmentation(),

@@ -46,10 +46,6 @@ def mask_url(url: str | URL) -> str:
         return "<unparseable URL>"
 
 
-def is_sqlite(engine: Engine) -> bool:
-    return engine.dialect.name == "sqlite"
-
-
 def make_engine(url: str | URL, *, busy_timeout_ms: int = 5000) -> Engine:
     """A read-write engine. SQLite gets WAL, NORMAL sync and a busy timeout on every connection."""
     parsed = normalize_url(url)

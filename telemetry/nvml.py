@@ -242,33 +242,36 @@ class NvmlSource:
         return None if milliwatts is None else milliwatts / 1000.0
 
     def _throttle(self, gpu: _Gpu, errors: list[str]) -> int | None:
-        if "clock_events" not in gpu.unsupported:
-            reasons = self._call(
-                gpu,
-                errors,
-                "clock_events",
-                pynvml.nvmlDeviceGetCurrentClocksEventReasons,
-                gpu.handle,
-            )
-            if reasons is not None or "clock_events" not in gpu.unsupported:
-                return reasons
-        return self._call(
-            gpu, errors, "throttle", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, gpu.handle
+        return self._newer_or_older(
+            gpu,
+            errors,
+            ("clock_events", pynvml.nvmlDeviceGetCurrentClocksEventReasons, (gpu.handle,), {}),
+            ("throttle", pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, (gpu.handle,), {}),
         )
 
     def _memory(self, gpu: _Gpu, errors: list[str]) -> Any:
-        if "memory_v2" not in gpu.unsupported:
-            memory = self._call(
-                gpu,
-                errors,
+        return self._newer_or_older(
+            gpu,
+            errors,
+            (
                 "memory_v2",
                 pynvml.nvmlDeviceGetMemoryInfo,
-                gpu.handle,
-                version=pynvml.nvmlMemory_v2,
-            )
-            if memory is not None or "memory_v2" not in gpu.unsupported:
-                return memory
-        return self._call(gpu, errors, "memory", pynvml.nvmlDeviceGetMemoryInfo, gpu.handle)
+                (gpu.handle,),
+                {"version": pynvml.nvmlMemory_v2},
+            ),
+            ("memory", pynvml.nvmlDeviceGetMemoryInfo, (gpu.handle,), {}),
+        )
+
+    def _newer_or_older(self, gpu: _Gpu, errors: list[str], newer: tuple, older: tuple) -> Any:
+        """The newer call until the GPU says it does not support it, then the older one.
+        A passing error of the newer call gives None for this tick, not the older call."""
+        what, fn, args, kw = newer
+        if what not in gpu.unsupported:
+            value = self._call(gpu, errors, what, fn, *args, **kw)
+            if value is not None or what not in gpu.unsupported:
+                return value
+        what, fn, args, kw = older
+        return self._call(gpu, errors, what, fn, *args, **kw)
 
     # -- NVML calls ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -103,7 +103,3 @@ def load_profile(name_or_path: str) -> StepModel:
         f"unknown simulator profile {name_or_path!r}; "
         f"known: {', '.join(PROFILES)} or a calibration .json file"
     )
-
-
-def with_blocks(model: StepModel, num_blocks: int) -> StepModel:
-    return replace(model, num_blocks=num_blocks)
