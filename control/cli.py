@@ -22,6 +22,7 @@ from steersman.control.model_cmd import model_app
 from steersman.control.replay_cmd import replay_command
 from steersman.control.settings import ConfigError, Settings, load_settings, masked
 from steersman.control.telemetry_cmd import telemetry
+from steersman.control.train_cmd import train_command
 from steersman.storage import migrate
 from steersman.storage.engine import (
     DatabaseUnavailable,
@@ -47,6 +48,7 @@ app.command()(telemetry)
 app.add_typer(model_app, name="model")
 app.command("replay")(replay_command)
 app.command("calibrate")(calibrate_command)
+app.command("train")(train_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -1,0 +1,72 @@
+"""`steersman train`: bad rows reported, a grouped split, a saved and registered model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from typer.testing import CliRunner
+
+from steersman.control.cli import app
+from steersman.control.train_cmd import grouped_split
+from steersman.data import path
+from steersman.learners.datasets import PromptRecord, load_prompt_set
+from steersman.learners.hf import RobertaLengthModel
+from steersman.storage.engine import make_engine
+from steersman.storage.registry import model_versions
+
+
+def test_grouped_split_keeps_each_prompt_on_one_side():
+    records = load_prompt_set(path("alpaca_eval"))[0]
+    train, val = grouped_split(records, 0.2, seed=1)
+    assert set(train).isdisjoint(val) and len(train) + len(val) == len(records)
+    assert {records[i].group for i in train}.isdisjoint({records[i].group for i in val})
+    assert 0.15 < len(val) / len(records) < 0.25
+    assert grouped_split(records, 0.2, seed=1) == (train, val)
+    assert grouped_split([PromptRecord("a", "s", "p", "r")] * 3, 0.2, 0)[1] == [0, 1, 2]
+
+
+def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("STEERSMAN_DATA_DIR", str(tmp_path / "data"))
+    rows = []
+    with gzip.open(path("alpaca"), "rt") as fh:
+        for _, line in zip(range(120), fh, strict=False):
+            rows.append(line.rstrip("\n"))
+    rows.insert(5, "this is not json")
+    rows.insert(9, json.dumps({"id": "x", "prompt": "", "response": "empty prompt"}))
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--data",
+            str(data),
+            "--tokenizer",
+            str(tiny_model),
+            "--size",
+            "tiny",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path / "model"),
+            "--db",
+            db,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "skipped 2 bad row(s) at line(s) 6, 10" in result.stderr
+    assert result.stdout.strip() == str(tmp_path / "model")
+    (registered,) = model_versions(make_engine(db))
+    assert registered["kind"] == "roberta" and registered["status"] == "candidate"
+    assert registered["train_rows"] + registered["val_rows"] == 120
+    assert registered["metrics"]["val_mae_tokens"] > 0
+    meta = json.loads((tmp_path / "model" / "steersman.json").read_text())
+    assert meta["version"] == registered["version"] and meta["data_hash"] == registered["data_hash"]
+    assert len(RobertaLengthModel.load(tmp_path / "model").predict_log(["hi", "there"])) == 2
+
+
+def test_train_refuses_a_missing_file(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--data", str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 2 and "no such file" in result.stderr
