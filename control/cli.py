@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from steersman.control.calibrate_cmd import calibrate_command
+from steersman.control.eval_cmd import eval_command
 from steersman.control.example_config import example_toml
 from steersman.control.model_cmd import model_app
 from steersman.control.replay_cmd import replay_command
@@ -49,6 +50,7 @@ app.add_typer(model_app, name="model")
 app.command("replay")(replay_command)
 app.command("calibrate")(calibrate_command)
 app.command("train")(train_command)
+app.command("eval-predictor")(eval_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

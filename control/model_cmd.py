@@ -31,6 +31,12 @@ def ensure_tiny_model(out_dir: Path, *, seed: int = 0, force: bool = False) -> P
     return build_tiny_llama(out_dir, bundled_texts(), seed=seed)
 
 
+def served_model(data_dir: Path) -> Path:
+    """The served model whose tokenizer counts lengths when none is named: the tiny demo model,
+    built into the data directory on first use."""
+    return ensure_tiny_model(data_dir / "models" / "tiny-llama")
+
+
 @model_app.command("build-tiny")
 def build_tiny(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model into.")],

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from steersman.control.backends.vllm_http import VllmHttpBackend
-from steersman.control.model_cmd import ensure_tiny_model
+from steersman.control.model_cmd import served_model
 from steersman.control.replay import outcome_records, replay, summarize
 from steersman.control.settings import Settings
 from steersman.control.workloads import (
@@ -87,7 +87,7 @@ def replay_command(
                 param_hint="--prompts",
             )
         records.extend(load_prompt_set(path(name))[0])
-    model_dir = tokenizer or ensure_tiny_model(settings.data_dir / "models" / "tiny-llama")
+    model_dir = tokenizer or served_model(settings.data_dir)
     items = build_workload(
         records,
         times,

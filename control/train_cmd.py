@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from steersman.control.model_cmd import ensure_tiny_model
+from steersman.control.model_cmd import served_model
 from steersman.control.settings import Settings
 from steersman.data import PROMPT_SETS, path
 from steersman.learners.datasets import PromptRecord, load_prompt_set
@@ -104,9 +104,7 @@ def train_command(
     if len(records) < 10:
         err.print(f"too few usable rows to train on: {len(records)}", markup=False)
         raise typer.Exit(2)
-    counter = TokenCounter(
-        tokenizer or ensure_tiny_model(settings.data_dir / "models" / "tiny-llama")
-    )
+    counter = TokenCounter(tokenizer or served_model(settings.data_dir))
     targets = [math.log1p(n) for n in counter.count_many([r.response for r in records])]
     train_idx, val_idx = grouped_split(records, val_fraction, seed)
     texts = [r.prompt for r in records]

@@ -177,7 +177,9 @@ class RobertaLengthModel:
             )
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise ValueError(f"{directory}: not a loadable RoBERTa model: {exc}") from None
-        return cls(model, tokenizer, max_length, device)
+        # RoBERTa numbers positions from pad_token_id + 1: the window is what is left.
+        window = model.config.max_position_embeddings - (model.config.pad_token_id or 0) - 1
+        return cls(model, tokenizer, min(max_length, window), device)
 
     def save(self, directory: Path, metadata: dict[str, Any]) -> Path:
         directory = Path(directory)
