@@ -34,8 +34,10 @@ def _numeric(x: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _model(lr: float, l2: float, intercept_lr: float) -> compose.Pipeline:
+    # Clipped gradients: one outlandish outcome (or a feature far outside what was scaled so
+    # far) must not throw the weights off for the next thousand requests.
     return preprocessing.StandardScaler() | linear_model.LinearRegression(
-        optimizer=optim.SGD(lr), l2=l2, intercept_lr=intercept_lr
+        optimizer=optim.SGD(lr), l2=l2, intercept_lr=intercept_lr, clip_gradient=1.0
     )
 
 
@@ -83,7 +85,9 @@ class LengthCorrector:
         features = _numeric(x)
         base = _finite(x.get(BASE_KEY))
         if base is not None:
-            log_pred = math.log1p(max(base, 0.0)) + self.residual.predict_one(features)
+            residual = self.residual.predict_one(features)
+            # A correction beyond a factor of e^3 (about 20) is not a correction.
+            log_pred = math.log1p(max(base, 0.0)) + max(-3.0, min(3.0, residual))
         elif self.learned:
             log_pred = self.direct.predict_one(features)
         else:
