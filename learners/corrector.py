@@ -19,17 +19,20 @@ from steersman.learners.metrics import ProgressiveScore
 BASE_KEY = "base_tokens"
 
 
+_NUMBER_TYPES = (float, int, bool)
+
+
 def _numeric(x: Mapping[str, Any]) -> dict[str, float]:
     """Finite numbers only; the request class one-hot; the base prediction left out."""
     out: dict[str, float] = {}
     for key, value in x.items():
-        if key == BASE_KEY:
-            continue
-        if key == "request_class":
+        if type(value) in _NUMBER_TYPES:
+            if key == BASE_KEY or (type(value) is float and not math.isfinite(value)):
+                continue
+            out[key] = float(value) if abs(value) < 1e300 else (1e300 if value > 0 else -1e300)
+        elif key == "request_class":
             for name in CLASSES:
                 out[f"class_{name}"] = float(value == name)
-        elif isinstance(value, bool | int | float) and math.isfinite(float(value)):
-            out[key] = float(value)
     return out
 
 
@@ -82,7 +85,9 @@ class LengthCorrector:
         self.drifts: list[int] = []  # the learn_one count at each detected drift
 
     def predict_one(self, x: Mapping[str, Any]) -> float:
-        features = _numeric(x)
+        return self._predict(_numeric(x), x)
+
+    def _predict(self, features: dict[str, float], x: Mapping[str, Any]) -> float:
         base = _finite(x.get(BASE_KEY))
         if base is not None:
             residual = self.residual.predict_one(features)
@@ -100,7 +105,7 @@ class LengthCorrector:
             return
         features = _numeric(x)
         base = _finite(x.get(BASE_KEY))
-        predicted = self.predict_one(x)
+        predicted = self._predict(features, x)
         self.score.update(predicted, actual)
         target = math.log1p(actual)
         if base is not None:

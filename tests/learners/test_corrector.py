@@ -65,7 +65,13 @@ def test_drift_is_detected_when_the_world_changes():
 def test_odd_values_are_clamped_not_raised(base):
     corrector = LengthCorrector()
     value = corrector.predict_one(
-        {"base_tokens": base, "max_tokens": 512, "weird": math.nan, "text": "ignored"}
+        {
+            "base_tokens": base,
+            "max_tokens": 512,
+            "weird": math.nan,
+            "huge": 10**400,
+            "text": "ignored",
+        }
     )
     assert 1.0 <= value <= 512.0
     corrector.learn_one({"base_tokens": base}, math.nan)  # an unusable outcome: ignored
