@@ -169,7 +169,7 @@ class NvmlSource:
         elif gpu.gpm_spare:
             sample = gpu.gpm_spare.pop()
         else:
-            _, sample = gpu.gpm_ring.popleft()  # reuse the oldest buffer
+            sample = self._recycle(gpu, mono)
         if (
             self._call(gpu, errors, "gpm_sample", pynvml.nvmlGpmSampleGet, gpu.handle, sample)
             is None
@@ -196,6 +196,23 @@ class NvmlSource:
             ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
             values.append(_fraction(metric.value) if ok else None)
         return values[0], values[1]
+
+    def _recycle(self, gpu: _Gpu, mono: float) -> Any:
+        """Reuse the oldest buffer, but never the newest sample old enough to pair with: ticks
+        that bunch up after a stall would otherwise leave no pair gpm_span_s apart."""
+        ring = gpu.gpm_ring
+        anchor = next(
+            (
+                i
+                for i in range(len(ring) - 1, -1, -1)
+                if mono - ring[i][0] >= self.gpm_span_s - 1e-6
+            ),
+            None,
+        )
+        victim = 1 if anchor == 0 else 0
+        _, sample = ring[victim]
+        del ring[victim]
+        return sample
 
     def _utilization(self, gpu: _Gpu, errors: list[str]) -> tuple[str, float | None]:
         if "samples" not in gpu.unsupported:

@@ -160,3 +160,14 @@ def test_this_machine_real_nvml():
             assert source.sample(0.0, 0.0) == []
     finally:
         source.close()
+
+
+def test_ticks_bunched_after_a_stall_still_pair_gpm_samples_100ms_apart(monkeypatch, clock):
+    source, _ = _source(monkeypatch, clock, [FakeGpu(0)])
+    _run(source, clock, 6)  # warmed up
+    clock.advance(0.09)  # a stall, then four ticks back to back (the loop catching up)
+    bunched = []
+    for _ in range(4):
+        bunched.append(source.sample(clock(), clock())[0])
+        clock.advance(0.001)
+    assert all(r.sm_activity is not None and r.errors == () for r in bunched)
