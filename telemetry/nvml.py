@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,8 +54,16 @@ class NvmlSource:
     """Reads every GPU NVML can see. ``sample(mono, wall)`` never raises."""
 
     def __init__(
-        self, *, gpm: str = "auto", gpm_span_s: float = 0.1, process_query_s: float = 1.0
+        self,
+        *,
+        gpm: str = "auto",
+        gpm_span_s: float = 0.1,
+        process_query_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock  # when each GPM sample was actually taken
+        # A millisecond of margin: the driver's timestamps are not ours.
+        self._min_gap = gpm_span_s + 0.001
         self.gpm_mode = gpm
         self.gpm_span_s = gpm_span_s
         self.process_query_s = process_query_s
@@ -169,16 +179,18 @@ class NvmlSource:
         elif gpu.gpm_spare:
             sample = gpu.gpm_spare.pop()
         else:
-            sample = self._recycle(gpu, mono)
+            sample = self._recycle(gpu, self._clock())
         if (
             self._call(gpu, errors, "gpm_sample", pynvml.nvmlGpmSampleGet, gpu.handle, sample)
             is None
         ):
             gpu.gpm_spare.append(sample)
             return None, None
-        gpu.gpm_ring.append((mono, sample))
-        span = self.gpm_span_s - 1e-6  # float noise only; real jitter picks an older sample
-        older = next((s for t, s in reversed(gpu.gpm_ring) if mono - t >= span), None)
+        # Ages count from when each sample was really taken, not from the tick's start: with
+        # several GPUs, or a busy machine, the two differ by more than the margin GPM allows.
+        taken = self._clock()
+        gpu.gpm_ring.append((taken, sample))
+        older = next((s for t, s in reversed(gpu.gpm_ring) if taken - t >= self._min_gap), None)
         if older is None:
             return None, None  # the first 100 ms after start: nothing old enough yet
         request = pynvml.c_nvmlGpmMetricsGet_t()
@@ -202,11 +214,7 @@ class NvmlSource:
         that bunch up after a stall would otherwise leave no pair gpm_span_s apart."""
         ring = gpu.gpm_ring
         anchor = next(
-            (
-                i
-                for i in range(len(ring) - 1, -1, -1)
-                if mono - ring[i][0] >= self.gpm_span_s - 1e-6
-            ),
+            (i for i in range(len(ring) - 1, -1, -1) if mono - ring[i][0] >= self._min_gap),
             None,
         )
         victim = 1 if anchor == 0 else 0

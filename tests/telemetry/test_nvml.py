@@ -20,7 +20,7 @@ def clock() -> FakeClock:
 
 def _source(monkeypatch, clock, gpus, **kw) -> tuple[NvmlSource, FakeNvml]:
     fake = FakeNvml(gpus, clock).install(monkeypatch)
-    source = NvmlSource(**kw)
+    source = NvmlSource(clock=clock, **kw)
     status = source.open()
     assert status.available and status.gpus == len(gpus)
     return source, fake
@@ -38,9 +38,10 @@ def test_gpm_readings_pair_samples_at_least_100ms_apart(monkeypatch, clock):
     gpu = FakeGpu(0, gpm=True)
     source, fake = _source(monkeypatch, clock, [gpu])
     ticks = _run(source, clock, 40)
-    # The first two ticks have no sample 100 ms old yet; every later one has a real value.
-    assert [t[0].sm_activity for t in ticks[:2]] == [None, None]
-    for k, (reading,) in enumerate(ticks[2:], start=2):
+    # Until a sample is more than 100 ms old (with a 1 ms margin) there is no reading; then
+    # every tick has one.
+    assert [t[0].sm_activity for t in ticks[:3]] == [None, None, None]
+    for k, (reading,) in enumerate(ticks[3:], start=3):
         taken_at = 1000.0 + k * TICK
         assert reading.method == "gpm" and reading.errors == ()
         assert reading.sm_activity == pytest.approx(gpu.activity(taken_at) / 100)

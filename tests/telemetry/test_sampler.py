@@ -22,7 +22,7 @@ TICK = 0.05
 
 def _sampler(monkeypatch, clock, gpus, rows, **kw) -> Sampler:
     FakeNvml(gpus, clock).install(monkeypatch)
-    source = NvmlSource()
+    source = NvmlSource(clock=clock)
     assert source.open().available
     return Sampler(source, sink=rows.append, clock=clock, wall=clock, host="test-host", **kw)
 
@@ -55,7 +55,7 @@ def test_aggregate_rows_fit_the_history_table_and_land_there(monkeypatch, tmp_pa
     clock = FakeClock(start=1_764_417_600.0)  # 2025-11-29 12:00 UTC, wall and monotonic alike
     with HistoryWriter(engine, tmp_path / "spill", flush_interval_s=0.01) as writer:
         FakeNvml([FakeGpu(0), FakeGpu(1)], clock).install(monkeypatch)
-        source = NvmlSource()
+        source = NvmlSource(clock=clock)
         source.open()
         sampler = Sampler(
             source, sink=lambda row: writer.submit("telemetry", row), clock=clock, wall=clock
@@ -132,7 +132,7 @@ def test_a_failing_sink_is_counted(monkeypatch):
         raise OSError("disk full")
 
     FakeNvml([FakeGpu(0)], clock).install(monkeypatch)
-    source = NvmlSource()
+    source = NvmlSource(clock=clock)
     source.open()
     sampler = Sampler(source, sink=sink, clock=clock, wall=clock)
     _ticks(sampler, clock, 41)
