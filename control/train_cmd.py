@@ -14,11 +14,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from steersman.control.eval_cmd import score
 from steersman.control.model_cmd import served_model
 from steersman.control.settings import Settings
 from steersman.data import PROMPT_SETS, path
 from steersman.learners.datasets import PromptRecord, load_prompt_set
-from steersman.learners.metrics import within
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
 from steersman.storage.engine import DatabaseUnavailable, check_connection, make_engine
@@ -142,14 +142,15 @@ def train_command(
             seed=seed,
             progress=tick,
         )
-    predicted = model.predict_log([texts[i] for i in val_idx]) if val_idx else []
-    actual = [math.expm1(targets[i]) for i in val_idx]
-    pred_tokens = [math.expm1(p) for p in predicted]
+    predicted = model.predict_log([texts[i] for i in val_idx])
+    val = score(
+        [(math.expm1(p), math.expm1(targets[i])) for p, i in zip(predicted, val_idx, strict=True)]
+    )
     metrics = {
-        "val_mae_tokens": sum(abs(p - a) for p, a in zip(pred_tokens, actual, strict=True))
-        / max(1, len(actual)),
-        "val_within_30": sum(within(p, a) for p, a in zip(pred_tokens, actual, strict=True))
-        / max(1, len(actual)),
+        "val_mae_tokens": val["mae"],
+        "val_within_30": val["within_30"],
+        "val_median_rel_error": val["median_rel_error"],
+        "val_kendall_tau": val["kendall_tau"],
         "val_mae_log": report["best_val_mae_log"],
         **{k: report[k] for k in ("stopped", "train_seconds", "steps")},
     }

@@ -36,10 +36,6 @@ class SimRequest:
     def total(self) -> int:
         return self.prompt_tokens + self.generated
 
-    @property
-    def remaining(self) -> int:
-        return self.output_tokens - self.generated
-
 
 @dataclass
 class Plan:
