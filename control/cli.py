@@ -21,6 +21,7 @@ from steersman.control.eval_cmd import eval_command
 from steersman.control.example_config import example_toml
 from steersman.control.model_cmd import model_app
 from steersman.control.replay_cmd import replay_command
+from steersman.control.serve_cmd import serve_command
 from steersman.control.settings import ConfigError, Settings, load_settings, masked
 from steersman.control.telemetry_cmd import telemetry
 from steersman.control.train_cmd import train_command
@@ -51,6 +52,7 @@ app.command("replay")(replay_command)
 app.command("calibrate")(calibrate_command)
 app.command("train")(train_command)
 app.command("eval-predictor")(eval_command)
+app.command("serve")(serve_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

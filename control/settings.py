@@ -10,6 +10,14 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from steersman.control.loop_settings import (
+    ControllerSettings,
+    DispatchSettings,
+    GatewaySettings,
+    InstanceSettings,
+    JobsSettings,
+    PredictorSettings,
+)
 from steersman.storage.engine import mask_url
 from steersman.storage.settings import StorageSettings
 from steersman.telemetry.settings import TelemetrySettings
@@ -44,6 +52,26 @@ class Settings(BaseSettings):
     )
     telemetry: TelemetrySettings = Field(
         default_factory=TelemetrySettings, description="GPU sampling through NVML and vLLM scrapes."
+    )
+
+    instances: list[InstanceSettings] = Field(
+        default_factory=list,
+        description="The serving instances, as [[instances]] tables with url or sim.",
+    )
+    gateway: GatewaySettings = Field(
+        default_factory=GatewaySettings, description="The OpenAI-compatible HTTP gateway."
+    )
+    predictor: PredictorSettings = Field(
+        default_factory=PredictorSettings, description="Length prediction: RoBERTa and River."
+    )
+    controller: ControllerSettings = Field(
+        default_factory=ControllerSettings, description="Misses, fallback and compensation."
+    )
+    dispatch: DispatchSettings = Field(
+        default_factory=DispatchSettings, description="Dispatch policy and steersman's queue."
+    )
+    jobs: JobsSettings = Field(
+        default_factory=JobsSettings, description="Periodic jobs of the daemon."
     )
 
     @field_validator("data_dir")

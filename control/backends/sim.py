@@ -39,8 +39,10 @@ class SimBackend:
         policy: str = "priority",
         count_tokens: Callable[[str], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        model_name: str = "steersman-sim",
     ) -> None:
         self.name = name
+        self.model_name = model_name
         self.engine = SimEngine(model, policy)
         self._count = count_tokens or (lambda text: max(1, len(text) // 4))
         self._clock = clock
@@ -111,6 +113,14 @@ class SimBackend:
 
     async def health(self, timeout_s: float = 1.0) -> bool:
         return self.healthy
+
+    async def models(self) -> list[dict[str, Any]]:
+        card = {"id": self.model_name, "object": "model", "owned_by": "steersman"}
+        return [{**card, "max_model_len": self.engine.model.max_model_len}]
+
+    def load(self) -> tuple[float, int]:
+        """(KV-cache usage, waiting requests), read straight from the engine."""
+        return self.engine.kv_usage(), self.engine.waiting
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -124,6 +124,16 @@ class VllmHttpBackend:
             return False
         return response.status_code == 200
 
+    async def models(self, timeout_s: float = 2.0) -> list[dict[str, Any]]:
+        try:
+            response = await self.client.get("/v1/models", timeout=timeout_s)
+            data = response.json().get("data") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return []
+        return (
+            [m for m in data if isinstance(m, dict) and "id" in m] if isinstance(data, list) else []
+        )
+
     async def aclose(self) -> None:
         await self.client.aclose()
 

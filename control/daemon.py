@@ -1,0 +1,344 @@
+"""`steersman serve`: wires the whole loop from the settings tree and runs it under uvicorn.
+
+SIGTERM (or Ctrl-C) stops intake, lets in-flight requests finish for ``drain_timeout_s``, writes
+a last checkpoint, flushes the history writer and exits 0. On start the learned state comes back
+from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from steersman.control import checkpoint as ckpt
+from steersman.control.backends.sim import SimBackend
+from steersman.control.backends.vllm_http import VllmHttpBackend
+from steersman.control.controller import ControllerConfig
+from steersman.control.gateway import create_app, discover_models
+from steersman.control.jobs import Jobs
+from steersman.control.loop_settings import InstanceSettings
+from steersman.control.metrics import Metrics
+from steersman.control.predictor import Predictor
+from steersman.control.service import Instance, Steersman
+from steersman.control.settings import Settings
+from steersman.control.sim.profiles import StepModel, load_profile
+from steersman.control.telemetry_cmd import make_sampler
+from steersman.learners.batching import MicroBatcher
+from steersman.learners.corrector import LengthCorrector
+from steersman.learners.latency import LatencyModel, StepCoefficients
+from steersman.learners.tokens import TokenCounter
+from steersman.storage import migrate
+from steersman.storage.engine import DatabaseUnavailable, make_engine
+from steersman.storage.registry import model_versions
+from steersman.storage.retention import apply_retention
+from steersman.storage.writer import HistoryWriter
+from steersman.telemetry.instances import InstanceScraper
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL_PROFILE = "a100-llama2-7b"
+
+
+def controller_config(settings: Settings) -> ControllerConfig:
+    c = settings.controller
+    return ControllerConfig(
+        miss_threshold=c.miss_threshold,
+        miss_streak=c.miss_streak,
+        fallback_s=c.fallback_s,
+        recover_hits=c.recover_hits,
+        initial_a=c.compensation_a,
+        initial_b=c.compensation_b,
+        a_bounds=(c.a_min, c.a_max),
+        b_bounds=(0.0, c.b_max),
+        adjust_every=c.adjust_every,
+        window=c.window,
+        headroom=c.headroom,
+        fallback_enabled=c.enabled,
+    )
+
+
+def prior(profile: StepModel, context_tokens: int = 512) -> StepCoefficients:
+    """A profile's step model at a typical context, as the latency model's starting point."""
+    per_seq = profile.c + profile.d * context_tokens
+    return StepCoefficients(profile.a, per_seq, profile.b)
+
+
+def make_instance(spec: InstanceSettings, settings: Settings, count: Callable | None) -> Instance:
+    g = settings.gateway
+    profile = load_profile(spec.profile or spec.sim or DEFAULT_URL_PROFILE)
+    if spec.sim is not None:
+        backend: Any = SimBackend(spec.label, load_profile(spec.sim), count_tokens=count)
+    else:
+        key = spec.api_key.get_secret_value() if spec.api_key else None
+        backend = VllmHttpBackend(
+            spec.label,
+            spec.url or "",
+            connect_timeout_s=g.connect_timeout_s,
+            read_timeout_s=g.read_timeout_s,
+            api_key=key,
+        )
+    return Instance(
+        spec.label,
+        backend,
+        LatencyModel(prior(profile)),
+        cap=spec.max_in_flight,
+        send_priority=spec.priority,
+    )
+
+
+def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None]:
+    """(RoBERTa model or None, its version). A directory that cannot be loaded is reported and
+    the fast predictor serves instead: the daemon starts either way."""
+    directory = settings.predictor.model_dir
+    version = None
+    if directory is None:
+        try:
+            promoted = [v for v in model_versions(engine) if v.get("status") == "promoted"]
+        except Exception:
+            promoted = []
+        if not promoted:
+            return None, None
+        directory, version = Path(promoted[-1]["path"]), promoted[-1]["version"]
+    from steersman.learners.hf import RobertaLengthModel  # torch loads only when needed
+
+    try:
+        model = RobertaLengthModel.load(directory, device=settings.predictor.device)
+    except Exception as exc:
+        log.error("length model %s cannot be loaded (%s): using the fast predictor", directory, exc)
+        return None, None
+    if version is None:
+        meta = Path(directory) / "steersman.json"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            version = json.loads(meta.read_text()).get("version")
+    return model, version or Path(directory).name
+
+
+class Daemon:
+    """Everything ``serve`` runs, built from settings; ``app`` is the ASGI application."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        s = settings
+        self.engine = make_engine(s.database_url, busy_timeout_ms=s.storage.sqlite_busy_timeout_ms)
+        with contextlib.suppress(DatabaseUnavailable):
+            migrate.upgrade(self.engine)
+        st = s.storage
+        self.writer = HistoryWriter(
+            self.engine,
+            s.spill_dir,
+            batch_size=st.batch_size,
+            flush_interval_s=st.flush_interval_s,
+            queue_size=st.queue_size,
+            retry_initial_s=st.retry_initial_s,
+            retry_max_s=st.retry_max_s,
+        )
+        self.sampler = (
+            make_sampler(s, sink=lambda row: self.writer.submit("telemetry", row))
+            if s.telemetry.enabled
+            else None
+        )
+        count = None
+        if s.predictor.tokenizer_dir is not None:
+            count = TokenCounter(s.predictor.tokenizer_dir).count
+        model, version = load_length_model(s, self.engine)
+        self.batcher = None
+        if model is not None:
+            self.batcher = MicroBatcher(
+                lambda texts: [math.expm1(v) for v in model.predict_log(texts)],
+                max_batch=s.predictor.max_batch,
+                max_wait_s=s.predictor.max_wait_ms / 1000,
+            )
+        corrector = LengthCorrector(lr=s.predictor.corrector_lr, max_tokens=s.predictor.max_tokens)
+        predictor = Predictor(
+            corrector,
+            self.batcher,
+            deadline_s=s.predictor.deadline_ms / 1000,
+            count_tokens=count,
+            model_version=version,
+        )
+        self.metrics = Metrics(self.sampler.latest if self.sampler else None)
+        d = s.dispatch
+        self.service = Steersman(
+            [make_instance(spec, s, count) for spec in s.instances],
+            predictor,
+            record=self.writer.submit,
+            metrics=self.metrics,
+            policy=d.policy,
+            controller=controller_config(s),
+            aging_s=d.aging_s,
+            impact_weight=d.impact_weight,
+            max_queue=d.max_queue,
+            queue_timeout_s=d.queue_timeout_s,
+            retries=s.gateway.retries,
+            store_prompts=s.storage.store_prompts,
+            telemetry=self.sampler.features if self.sampler else dict,
+            on_hot_update=lambda reason: self.jobs.retrain_now(reason),
+        )
+        self.checkpoint_path = s.data_dir / "checkpoints" / "state.pkl"
+        self.restore()
+        self.jobs = Jobs(s.jobs, checkpoint=self.save_checkpoint, retention=self.retention)
+        self.app = create_app(self.service, s.gateway, lifespan=self.lifespan)
+        self._stop = asyncio.Event()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        svc = self.service
+        checkpoint = ckpt.Checkpoint(
+            saved_at=time.time(),
+            corrector=svc.predictor.corrector,
+            latency={name: i.latency for name, i in svc.instances.items()},
+            controller=svc.state,
+            model_version=svc.predictor.model_version,
+            clock_offset=time.time() - svc.clock(),
+        )
+        try:
+            ckpt.save(self.checkpoint_path, checkpoint)
+        except OSError as exc:
+            log.error("checkpoint not written: %s", exc)
+
+    def restore(self) -> None:
+        checkpoint = ckpt.load(self.checkpoint_path)
+        if checkpoint is None:
+            return
+        svc = self.service
+        svc.predictor.corrector = checkpoint.corrector
+        for name, model in checkpoint.latency.items():
+            if name in svc.instances:
+                svc.instances[name].latency = model
+        # Monotonic times of the old process, moved onto this one's clock.
+        shift = checkpoint.clock_offset - (time.time() - svc.clock())
+        state = checkpoint.controller
+        until = None if state.fallback_until is None else state.fallback_until + shift
+        svc.state = replace(state, since=state.since + shift, fallback_until=until)
+        svc.metrics.set_mode(svc.state.mode)
+
+    def retention(self) -> None:
+        j = self.settings.jobs
+        try:
+            done = apply_retention(
+                self.engine, datetime.now(UTC), j.telemetry_retention_days, j.downsample_after_days
+            )
+            log.info("telemetry retention: %s", done)
+        except Exception as exc:
+            log.warning("telemetry retention skipped: %s", exc)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self.writer.start()
+        if self.sampler is not None:
+            self.sampler.start()
+        await discover_models(app, self.service)
+        self.jobs.start()
+        tasks = [
+            asyncio.create_task(self._every(self.settings.gateway.health_interval_s, self._health)),
+            asyncio.create_task(self._every(1.0, self._tick)),
+            asyncio.create_task(self._load_loop()),
+        ]
+        log.info("steersman serving %d instance(s)", len(self.service.instances))
+        try:
+            yield
+        finally:
+            self._stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.jobs.shutdown()
+            self.save_checkpoint()
+            for instance in self.service.instances.values():
+                await instance.backend.aclose()
+            self.close()
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+        self.writer.close(timeout=self.settings.gateway.drain_timeout_s)
+        self.engine.dispose()
+
+    async def _every(self, period_s: float, step: Callable[[], Any]) -> None:
+        while not self._stop.is_set():
+            try:
+                result = step()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("periodic task failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), period_s)
+
+    async def _health(self) -> None:
+        await self.service.check_health()
+        if not self.app.state.models:
+            await discover_models(self.app, self.service)
+
+    def _tick(self) -> None:
+        self.service.tick()
+
+    async def _load_loop(self) -> None:
+        """KV usage and queue length of each instance: straight from a simulated engine, from
+        /metrics scrapes of a vLLM server (also recorded as instance_stats rows)."""
+        t = self.settings.telemetry
+        urls = {
+            i.name: i.backend.base_url
+            for i in self.service.instances.values()
+            if isinstance(i.backend, VllmHttpBackend)
+        }
+        async with httpx.AsyncClient() as client:
+            scraper = InstanceScraper(
+                urls,
+                client,
+                interval_s=t.scrape_interval_s,
+                timeout_s=t.scrape_timeout_s,
+                sink=lambda row: self.writer.submit("instance_stats", row),
+            )
+
+            async def step() -> None:
+                if urls:
+                    await scraper.scrape_once()
+                for instance in self.service.instances.values():
+                    if isinstance(instance.backend, SimBackend):
+                        instance.kv_usage, instance.waiting = instance.backend.load()
+                    elif (state := scraper.states.get(instance.name)) and state.reachable:
+                        m = state.metrics
+                        assert m is not None
+                        instance.kv_usage = m.kv_cache_usage
+                        instance.waiting = round(m.waiting or 0)
+
+            await self._every(t.scrape_interval_s, step)
+
+
+def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
+    """Run the daemon until SIGTERM/SIGINT; returns after a clean drain."""
+    daemon = Daemon(settings)
+    g = settings.gateway
+    config = uvicorn.Config(
+        daemon.app,
+        host=host or g.host,
+        port=g.port if port is None else port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=g.drain_timeout_s,
+        access_log=False,
+    )
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
+    # with this one in place the drained process exits 0 instead of dying by the signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.Server(config).run()

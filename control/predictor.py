@@ -1,0 +1,92 @@
+"""The prediction path of one request: features, RoBERTa within a deadline, River correction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from steersman.learners.batching import MicroBatcher
+from steersman.learners.corrector import BASE_KEY, LengthCorrector
+from steersman.learners.features import request_features
+
+
+@dataclass
+class Prediction:
+    """What was predicted for a request, and the inputs the learners will learn from."""
+
+    x: dict[str, Any]  # features, telemetry and (when there is one) the base prediction
+    request_class: str
+    prompt_tokens: int | None
+    base: float | None  # RoBERTa's, in tokens
+    corrected: float
+    path: str  # "roberta" (base + correction) or "fast" (feature-only)
+    late: bool = False  # RoBERTa was configured but missed the deadline
+
+
+class Predictor:
+    """``await predict(text, ...)`` never raises; ``learn(prediction, actual)`` after a request.
+
+    ``batcher`` is None when no RoBERTa model is loaded: every request takes the fast path.
+    """
+
+    def __init__(
+        self,
+        corrector: LengthCorrector,
+        batcher: MicroBatcher | None = None,
+        *,
+        deadline_s: float = 0.025,
+        count_tokens: Callable[[str], int] | None = None,
+        model_version: str | None = None,
+    ) -> None:
+        self.corrector = corrector
+        self.batcher = batcher
+        self.deadline_s = deadline_s
+        self.count_tokens = count_tokens
+        self.model_version = model_version
+
+    async def predict(
+        self,
+        text: str,
+        *,
+        turns: int = 1,
+        max_tokens: int | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> Prediction:
+        prompt_tokens = self._count(text)
+        x: dict[str, Any] = dict(
+            request_features(text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, turns=turns)
+        )
+        if context:
+            x.update(context)
+        if max_tokens is not None:
+            x["max_tokens"] = max_tokens
+        base = None
+        late = False
+        if self.batcher is not None:
+            base = await self.batcher.predict(text, self.deadline_s)
+            late = base is None
+            if base is not None and math.isfinite(base):
+                x[BASE_KEY] = base
+        corrected = self.corrector.predict_one(x)
+        return Prediction(
+            x=x,
+            request_class=str(x["request_class"]),
+            prompt_tokens=prompt_tokens,
+            base=base,
+            corrected=corrected,
+            path="roberta" if BASE_KEY in x else "fast",
+            late=late,
+        )
+
+    def learn(self, prediction: Prediction, actual: int) -> None:
+        self.corrector.learn_one(prediction.x, actual)
+
+    def _count(self, text: str) -> int | None:
+        if self.count_tokens is None:
+            return None
+        try:
+            return self.count_tokens(text)
+        except Exception:  # a tokenizer hiccup costs the feature, not the request
+            return None
