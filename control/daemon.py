@@ -33,6 +33,7 @@ from steersman.control.jobs import Jobs
 from steersman.control.loop_settings import InstanceSettings
 from steersman.control.metrics import Metrics
 from steersman.control.predictor import Predictor
+from steersman.control.retrain import Retrainer
 from steersman.control.service import Instance, Steersman
 from steersman.control.settings import Settings
 from steersman.control.sim.profiles import StepModel, load_profile
@@ -100,9 +101,9 @@ def make_instance(spec: InstanceSettings, settings: Settings, count: Callable | 
     )
 
 
-def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None]:
-    """(RoBERTa model or None, its version). A directory that cannot be loaded is reported and
-    the fast predictor serves instead: the daemon starts either way."""
+def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None, Path | None]:
+    """(RoBERTa model or None, its version, its directory). A directory that cannot be loaded
+    is reported and the fast predictor serves instead: the daemon starts either way."""
     directory = settings.predictor.model_dir
     version = None
     if directory is None:
@@ -111,7 +112,7 @@ def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None]
         except Exception:
             promoted = []
         if not promoted:
-            return None, None
+            return None, None, None
         directory, version = Path(promoted[-1]["path"]), promoted[-1]["version"]
     from steersman.learners.hf import RobertaLengthModel  # torch loads only when needed
 
@@ -119,12 +120,12 @@ def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None]
         model = RobertaLengthModel.load(directory, device=settings.predictor.device)
     except Exception as exc:
         log.error("length model %s cannot be loaded (%s): using the fast predictor", directory, exc)
-        return None, None
+        return None, None, None
     if version is None:
         meta = Path(directory) / "steersman.json"
         with contextlib.suppress(OSError, ValueError, AttributeError):
             version = json.loads(meta.read_text()).get("version")
-    return model, version or Path(directory).name
+    return model, version or Path(directory).name, Path(directory)
 
 
 class Daemon:
@@ -154,11 +155,11 @@ class Daemon:
         count = None
         if s.predictor.tokenizer_dir is not None:
             count = TokenCounter(s.predictor.tokenizer_dir).count
-        model, version = load_length_model(s, self.engine)
+        model, version, self.model_dir = load_length_model(s, self.engine)
         self.batcher = None
         if model is not None:
             self.batcher = MicroBatcher(
-                lambda texts: [math.expm1(v) for v in model.predict_log(texts)],
+                _tokens_of(model),
                 max_batch=s.predictor.max_batch,
                 max_wait_s=s.predictor.max_wait_ms / 1000,
             )
@@ -186,13 +187,78 @@ class Daemon:
             retries=s.gateway.retries,
             store_prompts=s.storage.store_prompts,
             telemetry=self.sampler.features if self.sampler else dict,
-            on_hot_update=lambda reason: self.jobs.retrain_now(reason),
+            on_hot_update=self._hot_update,
         )
+        if s.predictor.model_dir is not None and model is None:
+            self.event(
+                "model",
+                f"refused {s.predictor.model_dir}: cannot be loaded; the fast predictor serves",
+                {"path": str(s.predictor.model_dir)},
+            )
         self.checkpoint_path = s.data_dir / "checkpoints" / "state.pkl"
         self.restore()
-        self.jobs = Jobs(s.jobs, checkpoint=self.save_checkpoint, retention=self.retention)
+        self.retrainer = Retrainer(
+            self.engine,
+            s.data_dir / "models",
+            swap=self.swap_model,
+            event=self.event,
+            current=lambda: (self.model_dir, self.service.predictor.model_version),
+            budget_s=s.jobs.retrain_budget_s,
+            max_rows=s.jobs.retrain_rows,
+            device=s.predictor.device,
+        )
+        scheduled = s.jobs.retrain_interval_s or s.jobs.retrain_cron
+        self.jobs = Jobs(
+            s.jobs,
+            checkpoint=self.save_checkpoint,
+            retention=self.retention,
+            retrain=self.retrainer.run if scheduled or s.jobs.retrain_on_fallback else None,
+        )
         self.app = create_app(self.service, s.gateway, lifespan=self.lifespan)
         self._stop = asyncio.Event()
+
+    # -- the length model ----------------------------------------------------------------------
+
+    def swap_model(self, model: Any, version: str, directory: Path | None = None) -> None:
+        """Serve ``model`` from the next inference batch on; no request is dropped or stalled.
+        The corrector's residuals were learned against the old model, so they start over."""
+        predictor = self.service.predictor
+        if self.batcher is None:
+            self.batcher = MicroBatcher(
+                _tokens_of(model),
+                max_batch=self.settings.predictor.max_batch,
+                max_wait_s=self.settings.predictor.max_wait_ms / 1000,
+            )
+            predictor.batcher = self.batcher
+        else:
+            self.batcher.swap(_tokens_of(model))
+        previous = predictor.model_version
+        predictor.model_version = version
+        predictor.corrector.reset()
+        self.model_dir = directory or self.settings.data_dir / "models" / version
+        self.event("model", f"serving {version} (was {previous or 'the fast predictor'})", {})
+
+    def swap_from(self, directory: Path) -> bool:
+        """Hot-swap to a model directory; one that does not load is refused, the current model
+        stays and an event says why."""
+        from steersman.learners.hf import RobertaLengthModel
+
+        try:
+            model = RobertaLengthModel.load(directory, device=self.settings.predictor.device)
+        except Exception as exc:
+            self.event("model", f"refused {directory}: {exc}", {"path": str(directory)})
+            return False
+        self.swap_model(model, Path(directory).name, Path(directory))
+        return True
+
+    def event(self, kind: str, reason: str, details: dict[str, Any]) -> None:
+        log.info("%s: %s", kind, reason)
+        row = {"ts": datetime.now(UTC), "kind": kind, "reason": reason, "details": details}
+        self.writer.submit("controller_events", row)
+
+    def _hot_update(self, reason: str) -> None:
+        if self.settings.jobs.retrain_on_fallback:
+            self.jobs.retrain_now(reason)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -220,6 +286,7 @@ class Daemon:
         for name, model in checkpoint.latency.items():
             if name in svc.instances:
                 svc.instances[name].latency = model
+                svc.instances[name].refresh()
         # Monotonic times of the old process, moved onto this one's clock.
         shift = checkpoint.clock_offset - (time.time() - svc.clock())
         state = checkpoint.controller
@@ -321,8 +388,13 @@ class Daemon:
                         assert m is not None
                         instance.kv_usage = m.kv_cache_usage
                         instance.waiting = round(m.waiting or 0)
+                    instance.refresh()
 
             await self._every(t.scrape_interval_s, step)
+
+
+def _tokens_of(model: Any) -> Callable[[list[str]], list[float]]:
+    return lambda texts: [math.expm1(v) for v in model.predict_log(texts)]
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:

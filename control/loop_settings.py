@@ -149,6 +149,9 @@ class JobsSettings(_Section):
     retrain_cron: str | None = Field(
         default=None, description="Or on a crontab schedule, e.g. '0 3 * * *'."
     )
+    retrain_on_fallback: bool = Field(
+        default=True, description="Queue an early retraining when the controller falls back."
+    )
     retrain_budget_s: float = Field(default=600.0, gt=0, description="Time budget of a retrain.")
     retrain_rows: int = Field(default=20_000, ge=100, description="Most recent rows to train on.")
     telemetry_retention_days: float = Field(

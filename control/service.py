@@ -37,7 +37,7 @@ from steersman.control.policies import (
 from steersman.control.predictor import Prediction, Predictor
 from steersman.control.qoe import qoe
 from steersman.learners.features import prompt_text
-from steersman.learners.latency import LatencyModel
+from steersman.learners.latency import LatencyModel, StepCoefficients
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,18 @@ class Instance:
     kv_usage: float | None = None
     waiting: int = 0
     in_flight: dict[str, list[float]] = field(default_factory=dict)  # id -> [predicted, produced]
+    coefficients: StepCoefficients | None = None
+
+    def refresh(self) -> None:
+        """Re-read the latency model (after it learned, or the KV usage moved): decisions then
+        use the cached coefficients and cost no model evaluation."""
+        self.coefficients = self.latency.coefficients({"kv_usage": self.kv_usage})
 
     def view(self) -> InstanceView:
-        c = self.latency.coefficients({"running": len(self.in_flight), "kv_usage": self.kv_usage})
+        if self.coefficients is None:
+            self.refresh()
+        c = self.coefficients
+        assert c is not None
         remaining = tuple(
             max(predicted - produced, 0.1 * predicted, 1.0)
             for predicted, produced in self.in_flight.values()
@@ -406,6 +415,7 @@ class Steersman:
             x.update({k[4:]: v for k, v in p.x.items() if k.startswith("gpu_")})
             prefill = None if result.ttft is None else result.ttft
             instance.latency.learn_one(x, result.tpot, prefill)
+            instance.refresh()
         outcome = ctl.Outcome(p.request_class, job.scheduled, p.corrected, actual, censored)
         self.apply(ctl.observe(self.state, outcome, self.clock(), self.config))
 

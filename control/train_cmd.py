@@ -22,7 +22,12 @@ from steersman.learners.datasets import PromptRecord, load_prompt_set
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
 from steersman.storage.engine import DatabaseUnavailable, check_connection, make_engine
-from steersman.storage.registry import register_model_version
+from steersman.storage.registry import (
+    model_versions,
+    new_version,
+    register_model_version,
+    set_status,
+)
 
 err = Console(stderr=True, highlight=False)
 
@@ -84,6 +89,9 @@ def train_command(
     val_fraction: Annotated[float, typer.Option(min=0.05, max=0.5)] = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
     db: Annotated[str | None, typer.Option("--db", help="Database URL for the registry.")] = None,
+    promote: Annotated[
+        bool, typer.Option(help="Mark it promoted: `steersman serve` then loads it by default.")
+    ] = False,
 ) -> None:
     """Train the length regressor on log1p(tokens), validate on held-out prompt groups, save a
     versioned model directory and register it in model_versions."""
@@ -158,7 +166,7 @@ def train_command(
     for r, t in zip(records, targets, strict=True):
         digest.update(f"{r.id}\t{t:.6f}\n".encode())
     created = datetime.now(UTC)
-    version = f"roberta-{created:%Y%m%d-%H%M%S}-{digest.hexdigest()[:8]}"
+    version = new_version(created)
     target_dir = out or settings.data_dir / "models" / version
     model.save(
         target_dir,
@@ -192,6 +200,11 @@ def train_command(
                 "notes": f"steersman train, seed {seed}",
             },
         )
+        if promote:
+            for row in model_versions(engine):
+                if row["status"] == "promoted":
+                    set_status(engine, row["version"], "retired")
+            set_status(engine, version, "promoted", promoted_at=datetime.now(UTC))
     except DatabaseUnavailable as exc:
         err.print(f"model saved in {target_dir} but not registered: {exc}", markup=False)
         raise typer.Exit(1) from None

@@ -8,12 +8,14 @@ import json
 from typer.testing import CliRunner
 
 from steersman.control.cli import app
+from steersman.control.daemon import Daemon
 from steersman.control.train_cmd import grouped_split
 from steersman.data import path
 from steersman.learners.datasets import PromptRecord, load_prompt_set
 from steersman.learners.hf import RobertaLengthModel
 from steersman.storage.engine import make_engine
 from steersman.storage.registry import model_versions
+from tests.control.serving import settings_for
 
 
 def test_grouped_split_keeps_each_prompt_on_one_side():
@@ -65,6 +67,22 @@ def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkey
     meta = json.loads((tmp_path / "model" / "steersman.json").read_text())
     assert meta["version"] == registered["version"] and meta["data_hash"] == registered["data_hash"]
     assert len(RobertaLengthModel.load(tmp_path / "model").predict_log(["hi", "there"])) == 2
+
+    # --promote: the daemon serves it without being told where it is.
+    args = [
+        "train", "--data", str(data), "--tokenizer", str(tiny_model), "--size", "tiny",
+        "--epochs", "1", "--out", str(tmp_path / "model2"), "--db", db, "--promote",
+    ]  # fmt: skip
+    assert CliRunner().invoke(app, args).exit_code == 0
+    first, second = model_versions(make_engine(db))
+    assert (first["status"], second["status"]) == ("candidate", "promoted")
+    settings = settings_for(tmp_path, [{"sim": "cpu-tiny"}], storage={"url": db})
+    daemon = Daemon(settings)
+    try:
+        assert daemon.service.predictor.model_version == second["version"]
+        assert daemon.model_dir == tmp_path / "model2"
+    finally:
+        daemon.close()
 
 
 def test_train_refuses_a_missing_file(tmp_path):
