@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from steersman.control.calibrate_cmd import calibrate_command
+from steersman.control.demo_cmd import demo_command
 from steersman.control.eval_cmd import eval_command
 from steersman.control.example_config import example_toml
 from steersman.control.model_cmd import model_app
@@ -53,6 +54,7 @@ app.command("calibrate")(calibrate_command)
 app.command("train")(train_command)
 app.command("eval-predictor")(eval_command)
 app.command("serve")(serve_command)
+app.command("demo")(demo_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -13,8 +13,9 @@ import json
 import logging
 import math
 import signal
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,6 +187,7 @@ class Daemon:
             queue_timeout_s=d.queue_timeout_s,
             retries=s.gateway.retries,
             store_prompts=s.storage.store_prompts,
+            max_tokens_is_length=s.predictor.max_tokens_is_length,
             telemetry=self.sampler.features if self.sampler else dict,
             on_hot_update=self._hot_update,
         )
@@ -391,6 +393,26 @@ class Daemon:
                     instance.refresh()
 
             await self._every(t.scrape_interval_s, step)
+
+
+@contextlib.contextmanager
+def serving(daemon: Daemon, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The daemon served from a background thread (the demo, tests); yields its base URL.
+    On exit it drains, checkpoints and flushes like a SIGTERM would."""
+    config = uvicorn.Config(daemon.app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="steersman-gateway", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)  # uvicorn has no start event; its flag is set on the server's loop
+    if not server.started:
+        raise RuntimeError("the gateway did not start (is the port taken?)")
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join()
 
 
 def _tokens_of(model: Any) -> Callable[[list[str]], list[float]]:

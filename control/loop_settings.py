@@ -93,6 +93,11 @@ class PredictorSettings(_Section):
     max_batch: int = Field(default=32, ge=1, description="Most prompts in one inference batch.")
     max_wait_ms: float = Field(default=2.0, ge=0, description="Longest wait to fill a batch.")
     device: str = Field(default="cpu", description="cpu or cuda[:N].")
+    max_tokens_is_length: bool = Field(
+        default=False,
+        description="Benchmarks and the demo: clients set max_tokens to the true response "
+        "length (with ignore_eos), so it is neither used as a hint nor treated as a cut-off.",
+    )
     corrector_lr: float = Field(default=0.02, gt=0, description="Corrector learning rate.")
     max_tokens: int = Field(
         default=32768, ge=1, description="Upper clamp of predictions without max_tokens."

@@ -42,6 +42,7 @@ async def replay(
     expected_ttft: float = 1.0,
     expected_pace: float = 0.2,
     clock: Callable[[], float] = time.monotonic,
+    on_outcome: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
     """Send each item at its arrival time (times ``time_scale``) with ``max_tokens`` = its true
     length and ``ignore_eos``, so the server generates exactly the real response's length."""
@@ -65,7 +66,10 @@ async def replay(
                 pass
         except BackendError as exc:
             result.error = result.error or str(exc)
-        return _outcome(item, result, expected_ttft, expected_pace)
+        outcome = _outcome(item, result, expected_ttft, expected_pace)
+        if on_outcome is not None:
+            on_outcome(outcome)
+        return outcome
 
     return list(await asyncio.gather(*(one(item) for item in items)))
 

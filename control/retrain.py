@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from steersman.control.training import grouped_split
 from steersman.storage.models import RequestRow
 from steersman.storage.registry import (
     model_versions,
@@ -64,16 +64,6 @@ def history_data(engine: Engine, max_rows: int) -> HistoryData:
         groups.append(sha or hashlib.sha256(text.encode()).hexdigest())
         digest.update(f"{groups[-1]}\t{actual}\n".encode())
     return HistoryData(texts, targets, groups, digest.hexdigest())
-
-
-def split(groups: list[str], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Train and validation indices; rows of one prompt are never on both sides."""
-    unique = sorted(set(groups))
-    random.Random(seed).shuffle(unique)
-    held = set(unique[: max(1, round(len(unique) * fraction))])
-    train = [i for i, g in enumerate(groups) if g not in held]
-    val = [i for i, g in enumerate(groups) if g in held]
-    return train, val
 
 
 class Retrainer:
@@ -127,7 +117,7 @@ class Retrainer:
         data = history_data(self.engine, self.max_rows)
         if len(data.texts) < MIN_ROWS or len(set(data.groups)) < 5:
             return RetrainOutcome("skipped", f"{len(data.texts)} usable rows in the history")
-        train, val = split(data.groups, self.val_fraction, self.seed)
+        train, val = grouped_split(data.groups, self.val_fraction, self.seed)
         pick = lambda idx, xs: [xs[i] for i in idx]  # noqa: E731
         val_texts, val_targets = pick(val, data.texts), pick(val, data.targets_log)
         current_dir, current_version = self.current()

@@ -128,6 +128,7 @@ class Steersman:
         queue_timeout_s: float = 120.0,
         retries: int = 1,
         store_prompts: bool = True,
+        max_tokens_is_length: bool = False,
         telemetry: Callable[[], Mapping[str, Any]] = dict,
         on_hot_update: Callable[[str], None] | None = None,
         expected_ttft_s: float = 1.0,
@@ -150,6 +151,8 @@ class Steersman:
         self.queue_timeout_s = queue_timeout_s
         self.retries = retries
         self.store_prompts = store_prompts
+        # Replays set max_tokens to the true length: then it is neither a hint nor a cut-off.
+        self.max_tokens_is_length = max_tokens_is_length
         self.telemetry = telemetry
         self.on_hot_update = on_hot_update
         self.expected = (expected_ttft_s, expected_pace_s)
@@ -173,14 +176,15 @@ class Steersman:
             text, turns = prompt_text(prompt=body.get("prompt"))
         raw_max = body.get("max_tokens") or body.get("max_completion_tokens")
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max > 0 else None
+        cap = None if self.max_tokens_is_length else max_tokens
         prediction = await self.predictor.predict(
-            text, turns=turns, max_tokens=max_tokens, context=self._context()
+            text, turns=turns, max_tokens=cap, context=self._context()
         )
         comp = self.state.compensation_for(prediction.request_class, self.config)
         scheduled = comp.apply(prediction.corrected)
         if not math.isfinite(scheduled):
-            scheduled = float(max_tokens or self.predictor.corrector.max_tokens)
-        scheduled = max(1.0, min(scheduled, float(max_tokens)) if max_tokens else scheduled)
+            scheduled = float(cap or self.predictor.corrector.max_tokens)
+        scheduled = max(1.0, min(scheduled, float(cap)) if cap else scheduled)
         self.metrics.predictions.labels(prediction.path).inc()
         fallback = self.state.mode == "FALLBACK"
         key = priority_key(0.0 if fallback else scheduled, received, self.aging_s)
@@ -383,7 +387,8 @@ class Steersman:
         row: dict[str, Any],
     ) -> None:
         p = job.prediction
-        censored = job.max_tokens if result.finish_reason == "length" else None
+        cut_off = result.finish_reason == "length" and not self.max_tokens_is_length
+        censored = job.max_tokens if cut_off else None
         miss = ctl.is_miss(job.scheduled, actual, censored, self.config.miss_threshold)
         error_ratio = abs(job.scheduled - actual) / max(actual, 1)
         ttft = None if result.first_token_at is None else result.first_token_at - job.received_at

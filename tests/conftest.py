@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import threading
 import time
@@ -16,6 +15,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
+from steersman.control.vllm_server import free_port
 from steersman.storage import migrate
 from steersman.storage.engine import make_engine
 from steersman.storage.models import TABLES
@@ -159,12 +159,6 @@ def count(engine: Engine, table: str = "requests") -> int:
 
 
 # -- real vLLM CPU servers ------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import insert, text
 
 from steersman.control.daemon import Daemon
-from steersman.control.retrain import Retrainer, history_data, split
+from steersman.control.retrain import Retrainer, history_data
 from steersman.data import path
 from steersman.learners.datasets import load_prompt_set
 from steersman.storage.models import RequestRow
@@ -62,13 +62,6 @@ def retrainer(daemon, **kw) -> Retrainer:
         scratch=TINY,
         **kw,
     )
-
-
-def test_split_keeps_prompt_groups_apart():
-    groups = [f"g{k % 7}" for k in range(70)]
-    train, val = split(groups, 0.3, seed=1)
-    assert sorted(train + val) == list(range(70))
-    assert not {groups[i] for i in train} & {groups[i] for i in val}
 
 
 def test_too_little_history_is_skipped(daemon):

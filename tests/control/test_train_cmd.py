@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from steersman.control.cli import app
 from steersman.control.daemon import Daemon
-from steersman.control.train_cmd import grouped_split
+from steersman.control.training import grouped_split
 from steersman.data import path
-from steersman.learners.datasets import PromptRecord, load_prompt_set
+from steersman.learners.datasets import load_prompt_set
 from steersman.learners.hf import RobertaLengthModel
 from steersman.storage.engine import make_engine
 from steersman.storage.registry import model_versions
@@ -20,12 +20,12 @@ from tests.control.serving import settings_for
 
 def test_grouped_split_keeps_each_prompt_on_one_side():
     records = load_prompt_set(path("alpaca_eval"))[0]
-    train, val = grouped_split(records, 0.2, seed=1)
+    train, val = grouped_split([r.group for r in records], 0.2, seed=1)
     assert set(train).isdisjoint(val) and len(train) + len(val) == len(records)
     assert {records[i].group for i in train}.isdisjoint({records[i].group for i in val})
     assert 0.15 < len(val) / len(records) < 0.25
-    assert grouped_split(records, 0.2, seed=1) == (train, val)
-    assert grouped_split([PromptRecord("a", "s", "p", "r")] * 3, 0.2, 0)[1] == [0, 1, 2]
+    assert grouped_split([r.group for r in records], 0.2, seed=1) == (train, val)
+    assert grouped_split(["p"] * 3, 0.2, 0)[1] == [0, 1, 2]
 
 
 def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkeypatch):
