@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from steersman.control.bench_cmd import bench_command
 from steersman.control.calibrate_cmd import calibrate_command
 from steersman.control.demo_cmd import demo_command
 from steersman.control.eval_cmd import eval_command
@@ -55,6 +56,7 @@ app.command("train")(train_command)
 app.command("eval-predictor")(eval_command)
 app.command("serve")(serve_command)
 app.command("demo")(demo_command)
+app.command("bench")(bench_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -139,8 +139,15 @@ def instances(config: DemoConfig) -> Iterator[list[dict[str, Any]]]:
             server.stop()
 
 
-def daemon_settings(config: DemoConfig, specs: list[dict[str, Any]], base: Settings) -> Settings:
-    overrides = {
+def daemon_settings(
+    config: DemoConfig,
+    specs: list[dict[str, Any]],
+    base: Settings,
+    extra: dict[str, dict[str, Any]] | None = None,
+) -> Settings:
+    """The daemon's settings for a run: the operator's settings, with this run's database,
+    instances and models (and ``extra`` sections merged over them)."""
+    overrides: dict[str, Any] = {
         "data_dir": str(config.run_dir),
         "storage": {"url": f"sqlite:///{config.run_dir / 'steersman.db'}"},
         "instances": specs,
@@ -153,6 +160,8 @@ def daemon_settings(config: DemoConfig, specs: list[dict[str, Any]], base: Setti
         "jobs": {"retrain_on_fallback": False},  # two cores: keep them for serving
         "log_level": "WARNING",
     }
+    for key, value in (extra or {}).items():
+        overrides[key] = {**overrides.get(key, {}), **value}
     merged = base.model_dump(mode="json")
     for key, value in overrides.items():
         merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value

@@ -5,13 +5,44 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from steersman.control.sim.engine import Plan, SimEngine, SimRequest
 
 # A dispatch policy: (the arriving request, the engines, now) -> index of the chosen engine.
 Dispatch = Callable[[SimRequest, Sequence[SimEngine], float], int]
+
+
+class Router(Protocol):
+    """Routers that hold requests back (a queue in front of the engines) decide at arrivals and
+    at completions; each returns the (engine index, request) pairs to send now."""
+
+    def arrive(
+        self, req: SimRequest, engines: Sequence[SimEngine], now: float
+    ) -> Iterable[tuple[int, SimRequest]]: ...
+
+    def finished(
+        self, done: list[SimRequest], engines: Sequence[SimEngine], now: float
+    ) -> Iterable[tuple[int, SimRequest]]: ...
+
+
+class Immediate:
+    """A router that dispatches every request on arrival (what plain load balancers do)."""
+
+    def __init__(self, dispatch: Dispatch) -> None:
+        self.dispatch = dispatch
+
+    def arrive(
+        self, req: SimRequest, engines: Sequence[SimEngine], now: float
+    ) -> Iterable[tuple[int, SimRequest]]:
+        return ((self.dispatch(req, engines, now), req),)
+
+    def finished(
+        self, done: list[SimRequest], engines: Sequence[SimEngine], now: float
+    ) -> Iterable[tuple[int, SimRequest]]:
+        return ()
 
 
 def round_robin() -> Dispatch:
@@ -28,7 +59,7 @@ class ClusterRun:
 
 
 def run_cluster(
-    arrivals: Sequence[SimRequest], engines: list[SimEngine], dispatch: Dispatch
+    arrivals: Sequence[SimRequest], engines: list[SimEngine], dispatch: Dispatch | Router
 ) -> ClusterRun:
     """Dispatch each request at its arrival time and run every engine until all are done.
 
@@ -38,6 +69,7 @@ def run_cluster(
     would admit it. The dispatcher sees an engine mid-run as it was when the run began (who runs
     and who waits are exact: nobody joins or leaves during a run).
     """
+    router = dispatch if hasattr(dispatch, "arrive") else Immediate(dispatch)  # type: ignore[arg-type]
     steps: list[tuple[float, int, int, Plan, float]] = []
     busy = [False] * len(engines)
     current: dict[int, tuple[int, Plan, float]] = {}  # engine -> (heap entry id, plan, began)
@@ -80,6 +112,14 @@ def run_cluster(
                 current[k] = (new_entry, cut, began)
                 heapq.heappush(steps, (began + cut.duration, new_entry, k, cut, began))
 
+    def send(decisions: Iterable[tuple[int, SimRequest]], now: float) -> None:
+        for k, req in decisions:
+            delay = engines[k].model.admission_s
+            if delay > 0:
+                heapq.heappush(pending, (now + delay, next(seq), k, req))
+            else:
+                enqueue(k, req, now)
+
     while i < len(arrivals) or steps or pending:
         next_arrival = arrivals[i].arrival if i < len(arrivals) else math.inf
         next_pending = pending[0][0] if pending else math.inf
@@ -96,15 +136,12 @@ def run_cluster(
             done = engine.finish_decode_run(plan, began) if plan.run else engine.finish(plan, end)
             finished.extend(done)
             start(k, now)
+            if done:
+                send(router.finished(done, engines, now), now)
         else:
             now = next_arrival
             req = arrivals[i]
             i += 1
-            k = dispatch(req, engines, now)
-            delay = engines[k].model.admission_s
-            if delay > 0:
-                heapq.heappush(pending, (now + delay, next(seq), k, req))
-            else:
-                enqueue(k, req, now)
+            send(router.arrive(req, engines, now), now)
         events += 1
     return ClusterRun(finished, engines, now, events)
