@@ -34,12 +34,12 @@ def bench_command(
     ),
     profile: Annotated[str, typer.Option(help="sim: GPU profile.")] = "a100-llama2-7b",
     instances: Annotated[int, typer.Option(help="sim: instances.", min=1)] = 8,
-    requests: Annotated[int, typer.Option(help="sim: requests per run.", min=100)] = 20000,
+    requests: Annotated[int, typer.Option(help="sim: requests per run.", min=100)] = 10000,
     levels: Annotated[str, typer.Option(help="sim: load levels, shares of capacity.")] = (
         "0.6,0.8,0.95"
     ),
     sweep: Annotated[str, typer.Option(help="sim: shares of capacity for the SLO sweep.")] = (
-        "0.5,0.6,0.7,0.8,0.85,0.9,0.95,1.0,1.05,1.1"
+        "0.8,0.9,0.95,1.0,1.05,1.1"
     ),
     cap: Annotated[int, typer.Option(help="Requests steersman keeps at each instance.")] = 256,
     slo_ttft: Annotated[float, typer.Option(help="SLO: P99 TTFT bound in seconds.")] = 1.0,

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from steersman.control.bench_cmd import bench_command
 from steersman.control.calibrate_cmd import calibrate_command
+from steersman.control.dashboard_cmd import dashboard_command
 from steersman.control.demo_cmd import demo_command
 from steersman.control.eval_cmd import eval_command
 from steersman.control.example_config import example_toml
@@ -57,6 +58,7 @@ app.command("eval-predictor")(eval_command)
 app.command("serve")(serve_command)
 app.command("demo")(demo_command)
 app.command("bench")(bench_command)
+app.command("dashboard")(dashboard_command)
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

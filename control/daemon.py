@@ -358,6 +358,19 @@ class Daemon:
         if not self.app.state.models:
             await discover_models(self.app, self.service)
 
+    def _sim_stats(self, instance: Instance) -> dict[str, Any]:
+        engine = instance.backend.engine
+        return {
+            "ts": datetime.now(UTC),
+            "instance": instance.name,
+            "healthy": instance.healthy,
+            "running": len(engine.running),
+            "waiting": engine.waiting,
+            "kv_cache_usage": instance.kv_usage,
+            "preemptions_total": float(engine.stats.preemptions),
+            "in_flight": len(instance.in_flight),
+        }
+
     def _tick(self) -> None:
         self.service.tick()
 
@@ -379,12 +392,20 @@ class Daemon:
                 sink=lambda row: self.writer.submit("instance_stats", row),
             )
 
+            next_row = 0.0
+
             async def step() -> None:
+                nonlocal next_row
                 if urls:
                     await scraper.scrape_once()
+                record = time.monotonic() >= next_row
+                if record:
+                    next_row = time.monotonic() + t.aggregate_s
                 for instance in self.service.instances.values():
                     if isinstance(instance.backend, SimBackend):
                         instance.kv_usage, instance.waiting = instance.backend.load()
+                        if record:  # scraped vLLM servers get their rows from the scraper
+                            self.writer.submit("instance_stats", self._sim_stats(instance))
                     elif (state := scraper.states.get(instance.name)) and state.reachable:
                         m = state.metrics
                         assert m is not None

@@ -166,3 +166,9 @@ class JobsSettings(_Section):
         default=1.0, gt=0, description="Telemetry older than this is kept one row per minute."
     )
     retention_interval_s: float = Field(default=3600.0, gt=0, description="Retention job period.")
+
+
+class DashboardSettings(_Section):
+    host: str = Field(default="127.0.0.1", description="Address the dashboard binds.")
+    port: int = Field(default=8501, ge=0, le=65535, description="Dashboard port.")
+    refresh_s: float = Field(default=5.0, gt=0, description="Live refresh interval of the pages.")

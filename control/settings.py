@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from steersman.control.loop_settings import (
     ControllerSettings,
+    DashboardSettings,
     DispatchSettings,
     GatewaySettings,
     InstanceSettings,
@@ -69,6 +70,9 @@ class Settings(BaseSettings):
     )
     dispatch: DispatchSettings = Field(
         default_factory=DispatchSettings, description="Dispatch policy and steersman's queue."
+    )
+    dashboard: DashboardSettings = Field(
+        default_factory=DashboardSettings, description="The Streamlit dashboard."
     )
     jobs: JobsSettings = Field(
         default_factory=JobsSettings, description="Periodic jobs of the daemon."

@@ -1,0 +1,246 @@
+"""The dashboard's data: plain functions from a read-only engine to DataFrames and figures.
+
+No Streamlit here, so every number the pages show is testable on its own. Times are UTC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Engine, inspect, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from steersman.storage.models import (
+    ControllerEventRow,
+    InstanceStatsRow,
+    ModelVersionRow,
+    RequestRow,
+    TelemetryRow,
+)
+
+REQUIRED_TABLES = ("requests", "controller_events", "telemetry", "instance_stats", "model_versions")
+
+
+def problem(engine: Engine) -> str | None:
+    """Why the dashboard cannot show this database, in words; None when it can."""
+    try:
+        tables = set(inspect(engine).get_table_names())
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"Cannot reach the database: {reason}"
+    missing = [t for t in REQUIRED_TABLES if t not in tables]
+    if missing:
+        return (
+            f"The database has no steersman history tables ({', '.join(missing)} missing). "
+            "Run `steersman db upgrade` against it, or point --db at steersman's database."
+        )
+    return None
+
+
+def _frame(engine: Engine, query: Any) -> pd.DataFrame:
+    with engine.connect() as conn:
+        result = conn.execute(query)
+        frame = pd.DataFrame(result.fetchall(), columns=list(result.keys()))
+    for column in frame.columns:
+        if column in ("ts", "received_at", "finished_at", "created_at", "promoted_at"):
+            frame[column] = pd.to_datetime(frame[column], utc=True)
+    return frame
+
+
+def requests(engine: Engine, since: datetime | None) -> pd.DataFrame:
+    r = RequestRow
+    query = select(
+        r.request_id,
+        r.received_at,
+        r.finished_at,
+        r.instance,
+        r.policy,
+        r.mode,
+        r.request_class,
+        r.predictor_path,
+        r.base_prediction,
+        r.corrected_prediction,
+        r.scheduled_prediction,
+        r.actual_tokens,
+        r.rel_error,
+        r.miss,
+        r.ttft_s,
+        r.e2e_s,
+        r.qoe,
+        r.model_version,
+        r.error,
+    ).order_by(r.id)
+    if since is not None:
+        query = query.where(r.received_at >= since)
+    return _frame(engine, query)
+
+
+def events(engine: Engine, since: datetime | None) -> pd.DataFrame:
+    e = ControllerEventRow
+    query = select(
+        e.ts, e.kind, e.from_mode, e.to_mode, e.request_class, e.reason, e.details
+    ).order_by(e.id)
+    if since is not None:
+        query = query.where(e.ts >= since)
+    return _frame(engine, query)
+
+
+def telemetry(engine: Engine, since: datetime | None) -> pd.DataFrame:
+    t = TelemetryRow
+    query = select(TelemetryRow.__table__).order_by(t.ts)
+    if since is not None:
+        query = query.where(t.ts >= since)
+    return _frame(engine, query)
+
+
+def instance_stats(engine: Engine, since: datetime | None) -> pd.DataFrame:
+    s = InstanceStatsRow
+    query = select(InstanceStatsRow.__table__).order_by(s.ts)
+    if since is not None:
+        query = query.where(s.ts >= since)
+    return _frame(engine, query)
+
+
+def models(engine: Engine) -> pd.DataFrame:
+    m = ModelVersionRow
+    query = select(
+        m.version, m.created_at, m.kind, m.status, m.promoted_at, m.train_rows, m.val_rows,
+        m.metrics, m.path, m.notes,
+    ).order_by(m.id.desc())  # fmt: skip
+    return _frame(engine, query)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest rank, as the replay and the named SQL queries compute it."""
+    ordered = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not ordered:
+        return None
+    rank = max(1, math.ceil(q * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def overview(
+    reqs: pd.DataFrame, evts: pd.DataFrame, model_rows: pd.DataFrame, now: datetime
+) -> dict[str, Any]:
+    """The on-call summary: mode and why, misses, accuracy, throughput, latency percentiles."""
+    done = reqs[reqs["actual_tokens"].notna()] if len(reqs) else reqs
+    scored = done[done["miss"].notna()] if len(done) else done
+    modes = evts[evts["kind"] == "mode"] if len(evts) else evts
+    last_mode = modes.iloc[-1] if len(modes) else None
+    misses = [bool(m) for m in scored["miss"]] if len(scored) else []
+    streak = 0
+    for miss in reversed(misses):
+        if not miss:
+            break
+        streak += 1
+    span_s = 0.0
+    if len(reqs):
+        span_s = max((now - reqs["received_at"].min()).total_seconds(), 1.0)
+    ttft = list(done["ttft_s"].dropna()) if len(done) else []
+    e2e = list(done["e2e_s"].dropna()) if len(done) else []
+    ttft_p50, ttft_p95 = percentile(ttft, 0.5), percentile(ttft, 0.95)
+    promoted = model_rows[model_rows["status"] == "promoted"] if len(model_rows) else model_rows
+    serving = done["model_version"].dropna() if len(done) else []
+    errors = (reqs["actual_tokens"].isna() & reqs["error"].notna()).sum() if len(reqs) else 0
+    return {
+        "mode": last_mode["to_mode"] if last_mode is not None else "NORMAL",
+        "mode_since": last_mode["ts"] if last_mode is not None else None,
+        "mode_reason": last_mode["reason"] if last_mode is not None else "no mode change yet",
+        "miss_streak": streak,
+        "requests": len(reqs),
+        "finished": len(done),
+        "errors": int(errors),
+        "within_30": (1 - sum(misses) / len(misses)) if misses else None,
+        "mae_tokens": (
+            float((done["scheduled_prediction"] - done["actual_tokens"]).abs().mean())
+            if len(done)
+            else None
+        ),
+        "rps": len(reqs) / span_s if span_s else None,
+        "ttft": {q: percentile(ttft, v) for q, v in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
+        "e2e": {q: percentile(e2e, v) for q, v in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))},
+        "ttft_healthy": None if ttft_p50 is None else bool(ttft_p95 <= 2 * ttft_p50),
+        "model_version": (
+            serving.iloc[-1]
+            if len(serving)
+            else (promoted.iloc[0]["version"] if len(promoted) else "fast predictor")
+        ),
+    }
+
+
+def accuracy_by(done: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Within-30% rate, MAE and count per value of ``column`` (class or predictor path)."""
+    scored = done[done["miss"].notna() & done["actual_tokens"].notna()]
+    if not len(scored):
+        return pd.DataFrame(columns=[column, "requests", "within_30", "mae_tokens"])
+    grouped = scored.assign(
+        hit=~scored["miss"].astype(bool),
+        err=(scored["scheduled_prediction"] - scored["actual_tokens"]).abs(),
+    ).groupby(column)
+    out = grouped.agg(
+        requests=("hit", "size"), within_30=("hit", "mean"), mae_tokens=("err", "mean")
+    )
+    return out.reset_index()
+
+
+def fallback_periods(evts: pd.DataFrame, now: datetime) -> pd.DataFrame:
+    """One row per FALLBACK period: start, end (now if still on), why it began and ended."""
+    rows = []
+    current: dict[str, Any] | None = None
+    modes = evts[evts["kind"] == "mode"] if len(evts) else evts
+    for _, e in modes.iterrows():
+        if e["to_mode"] == "FALLBACK":
+            current = {"start": e["ts"], "reason": e["reason"]}
+        elif e["to_mode"] == "NORMAL" and current is not None:
+            rows.append({**current, "end": e["ts"], "ended": e["reason"]})
+            current = None
+    if current is not None:
+        rows.append({**current, "end": pd.Timestamp(now), "ended": "still in FALLBACK"})
+    return pd.DataFrame(rows, columns=["start", "end", "reason", "ended"])
+
+
+def compensation(evts: pd.DataFrame) -> pd.DataFrame:
+    """Compensation (a, b) per request class over time, with the reason of each change."""
+    rows = []
+    changes = evts[evts["kind"] == "compensation"] if len(evts) else evts
+    for _, e in changes.iterrows():
+        details = e["details"] or {}
+        rows.append(
+            {
+                "ts": e["ts"],
+                "request_class": e["request_class"],
+                "a": details.get("a"),
+                "b": details.get("b"),
+                "reason": e["reason"],
+            }
+        )
+    return pd.DataFrame(rows, columns=["ts", "request_class", "a", "b", "reason"])
+
+
+def instance_latency(done: pd.DataFrame) -> pd.DataFrame:
+    """TTFT and E2E percentiles per instance, from the requests it served."""
+    rows = []
+    for name, group in done.groupby("instance"):
+        ttft, e2e = list(group["ttft_s"].dropna()), list(group["e2e_s"].dropna())
+        rows.append(
+            {
+                "instance": name,
+                "requests": len(group),
+                "ttft_p50_s": percentile(ttft, 0.5),
+                "ttft_p99_s": percentile(ttft, 0.99),
+                "e2e_p50_s": percentile(e2e, 0.5),
+                "e2e_p99_s": percentile(e2e, 0.99),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=["instance", "requests", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"],
+    )
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,77 @@
+"""Every dashboard page through Streamlit's AppTest: populated, empty, unmigrated, unreachable."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from steersman.dashboard.app import PAGES
+from tests.dashboard.conftest import REPLAYED, UNREACHABLE_URL, app_path
+
+
+def page(monkeypatch, url: str, name: str) -> AppTest:
+    monkeypatch.setattr(sys, "argv", ["app.py", "--db", url, "--refresh", "60"])
+    at = AppTest.from_file(str(app_path()), default_timeout=60)
+    at.run()
+    at.sidebar.radio[0].set_value(name)
+    at.sidebar.selectbox[0].set_value("all")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == name
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_renders_the_populated_history(monkeypatch, populated_url, name):
+    at = page(monkeypatch, populated_url, name)
+    assert not at.error, [e.value for e in at.error]
+    if name == "Overview":
+        assert metric(at, "Requests") == str(REPLAYED)
+        assert metric(at, "Failed") == "0"
+        assert metric(at, "Mode") in ("NORMAL", "FALLBACK")
+        assert metric(at, "Model") == "roberta-test-1"
+        assert at.dataframe[0].value.index.tolist() == ["P50", "P95", "P99"]
+    elif name == "Predictions":
+        assert len(at.get("vega_lite_chart")) == 2
+        classes = at.dataframe[0].value
+        assert classes["requests"].sum() == REPLAYED
+    elif name == "Controller":
+        assert at.subheader[0].value.startswith("FALLBACK periods: ")
+        assert int(at.subheader[0].value.split(": ")[1]) >= 1
+    elif name == "GPUs":
+        assert len(at.get("vega_lite_chart")) == 6
+        assert len(at.dataframe[0].value) == 2 * 10  # throttled readings
+    elif name == "Instances":
+        assert set(at.dataframe[0].value["instance"]) == {"sim-a", "sim-b"}
+    elif name == "Models":
+        assert metric(at, "Promoted") == "roberta-test-1"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_says_plainly_when_there_is_nothing(monkeypatch, empty_url, name):
+    at = page(monkeypatch, empty_url, name)
+    assert not at.error
+    if name == "Overview":
+        assert metric(at, "Requests") == "0"
+        assert "No requests recorded" in at.info[0].value
+    elif name == "GPUs":
+        assert "No GPU telemetry" in at.info[0].value
+    elif name in ("Predictions", "Instances", "Models"):
+        assert at.info, name
+
+
+@pytest.mark.parametrize(
+    ("fixture", "message"),
+    [("unmigrated_url", "steersman db upgrade"), (None, "Cannot reach the database")],
+)
+def test_database_problems_are_messages_not_tracebacks(monkeypatch, request, fixture, message):
+    url = request.getfixturevalue(fixture) if fixture else UNREACHABLE_URL
+    for name in ("Overview", "GPUs"):
+        at = page(monkeypatch, url, name)
+        assert message in at.error[0].value

@@ -1,0 +1,74 @@
+"""The dashboard's data functions on a history filled by a simulated replay, without Streamlit."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from steersman.dashboard import data
+from steersman.storage.engine import make_read_only_engine
+from tests.dashboard.conftest import REPLAYED, UNREACHABLE_URL
+
+
+def test_overview_numbers_match_the_history(populated_url):
+    engine = make_read_only_engine(populated_url)
+    reqs, evts = data.requests(engine, None), data.events(engine, None)
+    o = data.overview(reqs, evts, data.models(engine), datetime.now(UTC))
+    assert o["requests"] == o["finished"] == REPLAYED and o["errors"] == 0
+    misses = reqs["miss"].astype(bool)
+    assert o["within_30"] == 1 - misses.sum() / REPLAYED
+    assert o["ttft"]["p50"] <= o["ttft"]["p95"] <= o["ttft"]["p99"]
+    assert o["e2e"]["p99"] == max(reqs["e2e_s"])
+    assert o["mode"] in ("NORMAL", "FALLBACK") and o["mode_reason"]
+    trailing = 0
+    for miss in reversed(list(misses)):
+        if not miss:
+            break
+        trailing += 1
+    assert o["miss_streak"] == trailing
+    assert o["model_version"] == "roberta-test-1"  # nothing served by RoBERTa: the promoted one
+
+
+def test_accuracy_fallbacks_compensation_and_instances(populated_url):
+    engine = make_read_only_engine(populated_url)
+    reqs, evts = data.requests(engine, None), data.events(engine, None)
+    by_class = data.accuracy_by(reqs, "request_class")
+    assert by_class["requests"].sum() == REPLAYED
+    assert ((by_class["within_30"] >= 0) & (by_class["within_30"] <= 1)).all()
+    periods = data.fallback_periods(evts, datetime.now(UTC))
+    entered = (evts["to_mode"] == "FALLBACK").sum()
+    assert len(periods) == entered >= 1  # the twitchy controller fell back
+    assert (periods["end"] >= periods["start"]).all()
+    comp = data.compensation(evts)
+    assert len(comp) == (evts["kind"] == "compensation").sum() >= 1
+    assert comp["a"].between(0.5, 3.0).all()
+    latency = data.instance_latency(reqs)
+    assert set(latency["instance"]) == {"sim-a", "sim-b"}
+    assert latency["requests"].sum() == REPLAYED
+    stats = data.instance_stats(engine, None)
+    assert set(stats["instance"]) == {"sim-a", "sim-b"}
+
+
+def test_time_window_filters(populated_url):
+    engine = make_read_only_engine(populated_url)
+    future = datetime.now(UTC) + timedelta(hours=1)
+    assert len(data.requests(engine, future)) == 0
+    assert len(data.telemetry(engine, future)) == 0
+    assert len(data.telemetry(engine, None)) == 120
+
+
+def test_problems_are_described(empty_url, unmigrated_url):
+    assert data.problem(make_read_only_engine(empty_url)) is None
+    assert "steersman db upgrade" in data.problem(make_read_only_engine(unmigrated_url))
+    assert data.problem(make_read_only_engine(UNREACHABLE_URL)).startswith(
+        "Cannot reach the database"
+    )
+
+
+def test_empty_history_gives_empty_answers(empty_url):
+    engine = make_read_only_engine(empty_url)
+    reqs, evts = data.requests(engine, None), data.events(engine, None)
+    o = data.overview(reqs, evts, data.models(engine), datetime.now(UTC))
+    assert o["requests"] == 0 and o["within_30"] is None and o["ttft"]["p50"] is None
+    assert o["mode"] == "NORMAL" and o["model_version"] == "fast predictor"
+    assert len(data.fallback_periods(evts, datetime.now(UTC))) == 0
+    assert len(data.accuracy_by(reqs, "request_class")) == 0
