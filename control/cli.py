@@ -127,10 +127,13 @@ def config_example() -> None:
     typer.echo(example_toml(), nl=False)
 
 
-def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: _drop_none(v) if isinstance(v, dict) else v for k, v in data.items() if v is not None
-    }
+def _drop_none(data: Any) -> Any:
+    """TOML has no null: leave unset fields out, in tables and in arrays of tables."""
+    if isinstance(data, dict):
+        return {k: _drop_none(v) for k, v in data.items() if v is not None}
+    if isinstance(data, list):
+        return [_drop_none(v) for v in data]
+    return data
 
 
 # -- db -----------------------------------------------------------------------------------------

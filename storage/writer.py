@@ -1,8 +1,9 @@
 """The history writer: the hot path hands rows to a bounded queue; a thread inserts them in batches.
 
-The database may go away at any time. The writer then retries with exponential back-off while
-the queue absorbs new rows; once the queue is full, rows spill to an append-only file, which is
-replayed when the database answers again and on the next start. A row the database refuses for
+The database may go away at any time. A batch the database cannot take goes at once to an
+append-only spill file (so a crash of this process cannot lose it), and so do the rows after it
+until the spill has been replayed, with exponential back-off, when the database answers again,
+and on the next start; rows keep their order. A row the database refuses for
 good (a constraint, a bad value) is isolated by bisecting its batch and kept in a dead-letter
 file with the reason, so one bad row never blocks the rest and nothing is silently dropped.
 """
@@ -166,7 +167,11 @@ class HistoryWriter:
         while True:
             batch = self._take_batch()
             if batch:
-                self._write_with_retry(batch)
+                if self.spill.has_rows():
+                    # An outage, or its backlog, is in progress: rows join the spill, in order.
+                    self._spill(batch)
+                else:
+                    self._write_or_spill(batch)
                 self._settle(len(batch))
             if self.spill.has_rows() and self._clock() >= self._next_replay:
                 self._replay()
@@ -196,32 +201,22 @@ class HistoryWriter:
     def _past_deadline(self) -> bool:
         return self._stopping and self._clock() >= self._deadline
 
-    def _write_with_retry(self, batch: list[Row]) -> bool:
-        """Write a batch, retrying transient failures; spill it if the close deadline passes."""
-        delay = self.retry_initial_s
-        while True:
-            try:
-                self._write(batch)
-                self.stats.written += len(batch)
-                self._next_replay = 0.0  # the database is back: replay spilled rows now
-                return True
-            except Exception as exc:
-                if not is_transient(exc):
-                    self._isolate(batch, exc)
-                    return True
-                self.stats.retries += 1
-                log.warning("history database unavailable, retrying in %.2fs: %s", delay, exc)
-            if self._past_deadline():
-                self._spill(batch)
-                return False
-            # Rows keep arriving during an outage; keep the queue moving into the spill file.
-            if self._queue.full():
-                drained = self._drain_queue()
-                self._spill(drained)
-                self._settle(len(drained))
-            self._wake.wait(min(delay, max(0.0, self._deadline - self._clock())))
-            self._wake.clear()
-            delay = min(delay * 2, self.retry_max_s)
+    def _write_or_spill(self, batch: list[Row]) -> None:
+        """Write a batch; if the database is not there, spill it at once. Rows that wait for a
+        database wait on disk, where a crash of this process cannot take them; the replay
+        retries with back-off."""
+        try:
+            self._write(batch)
+        except Exception as exc:
+            if not is_transient(exc):
+                self._isolate(batch, exc)
+                return
+            self.stats.retries += 1
+            log.warning("history database unavailable, spilling %d row(s): %s", len(batch), exc)
+            self._spill(batch)
+            self._next_replay = self._clock() + self._replay_delay
+            return
+        self.stats.written += len(batch)
 
     def _write(self, batch: Iterable[Row]) -> None:
         groups: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
@@ -259,7 +254,7 @@ class HistoryWriter:
                 self.stats.written += len(half)
             except Exception as inner:
                 if is_transient(inner):
-                    self._write_with_retry(half)
+                    self._write_or_spill(half)
                 else:
                     self._isolate(half, inner)
 
@@ -329,6 +324,7 @@ class HistoryWriter:
             self._write(batch)
         except Exception as exc:
             if is_transient(exc):
+                self.stats.retries += 1
                 self._next_replay = self._clock() + self._replay_delay
                 self._replay_delay = min(self._replay_delay * 2, self.retry_max_s)
                 return False
