@@ -141,17 +141,23 @@ def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
     return out
 
 
-def capacity(workload: SimWorkload, profile: StepModel, instances: int) -> float:
-    """Sustained requests/s of the cluster: everything arrives at once (round-robin, FCFS) and
-    completions are counted between the 10th and the 90th percentile of finishing times, so the
-    ramp-up and the drain of the last long requests do not count."""
-    requests = [SimRequest(_rid(i), 0.0, i.prompt_tokens, i.true_tokens) for i in workload.items]
-    engines = [SimEngine(profile) for _ in range(instances)]
-    router, _ = make_router("round-robin", workload, profile, cap=0)
-    run = run_cluster(requests, engines, router)
-    ends = sorted(r.finished_at for r in run.finished if r.finished_at is not None)
-    lo, hi = ends[len(ends) // 10], ends[(len(ends) * 9) // 10]
-    return (len(ends) * 0.8) / (hi - lo)
+def capacity(
+    workload: SimWorkload, profile: StepModel, instances: int, slo_ttft_p99_s: float
+) -> float:
+    """Round-robin's capacity: the highest arrival rate (to 2%) at which it keeps P99 TTFT
+    within the bound. Load levels are shares of it, so "95%" is near where queues start."""
+
+    def ok(rate: float) -> bool:
+        run = run_sim("round-robin", workload, profile, instances, rate, cap=0)
+        return run["ttft_p99_s"] is not None and run["ttft_p99_s"] <= slo_ttft_p99_s
+
+    low, high = 1.0, 2.0
+    while ok(high):  # double until the bound breaks
+        low, high = high, high * 2
+    while high / low > 1.02:
+        mid = (low * high) ** 0.5
+        low, high = (mid, high) if ok(mid) else (low, mid)
+    return low
 
 
 def capacity_at_slo(runs: list[dict[str, Any]], policy: str, slo_ttft_p99_s: float) -> float | None:

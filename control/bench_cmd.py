@@ -39,12 +39,12 @@ def bench_command(
         "0.6,0.8,0.95"
     ),
     sweep: Annotated[str, typer.Option(help="sim: shares of capacity for the SLO sweep.")] = (
-        "0.8,0.9,0.95,1.0,1.05,1.1"
+        "0.9,1.0,1.05,1.1,1.2,1.3"
     ),
     cap: Annotated[int, typer.Option(help="Requests steersman keeps at each instance.")] = 256,
     slo_ttft: Annotated[float, typer.Option(help="SLO: P99 TTFT bound in seconds.")] = 1.0,
     real_rate: Annotated[float, typer.Option(help="real: requests/s.")] = 2.0,
-    real_duration: Annotated[float, typer.Option(help="real: seconds of trace.")] = 90.0,
+    real_duration: Annotated[float, typer.Option(help="real: seconds of trace.")] = 60.0,
     vllm_python: Annotated[
         str, typer.Option(envvar="STEERSMAN_VLLM_PYTHON", help="real: vLLM CPU Python.")
     ] = ".vllm-venv/bin/python",
@@ -95,7 +95,7 @@ def _sim_suite(
     profile = load_profile(profile_name)
     model = RobertaLengthModel.load(length_model)
     workload = bench.sim_workload(counter, model.predict_log, n, profile.max_model_len, seed)
-    capacity = bench.capacity(workload, profile, instances)
+    capacity = bench.capacity(workload, profile, instances, slo)
     console.print(f"capacity {capacity:.1f} req/s", markup=False)
     level_runs: list[dict[str, Any]] = []
     for level in _floats(levels):
@@ -205,8 +205,9 @@ def report(results: dict[str, Any]) -> str:
             f"## Simulated cluster: {sim['instances']} x {sim['profile']}",
             "",
             f"{sim['requests']} requests of the Azure conversation trace with held-out prompts "
-            f"and their true lengths; capacity {sim['capacity_rps']} req/s (sustained, "
-            f"round-robin); steersman keeps at most {sim['cap']} requests per instance.",
+            f"and their true lengths. Capacity {sim['capacity_rps']} req/s: the highest rate at "
+            f"which round-robin keeps P99 TTFT <= {sim['slo_ttft_p99_s']} s; load levels are "
+            f"shares of it. steersman keeps at most {sim['cap']} requests per instance.",
             "",
             _table(sim["levels"], with_level=True),
             "",

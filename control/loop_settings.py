@@ -135,7 +135,7 @@ class DispatchSettings(_Section):
         default="predictive", description="Dispatch policy in NORMAL mode."
     )
     aging_s: float = Field(
-        default=4.0, gt=0, description="Waiting this long outranks a prediction twice as short."
+        default=1.0, gt=0, description="Waiting this long outranks a prediction twice as short."
     )
     impact_weight: float = Field(
         default=1.0, ge=0, description="predictive: weight of the delay added to others."

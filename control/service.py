@@ -122,7 +122,7 @@ class Steersman:
         metrics: Metrics,
         policy: str = "predictive",
         controller: ctl.ControllerConfig | None = None,
-        aging_s: float = 4.0,
+        aging_s: float = 1.0,
         impact_weight: float = 1.0,
         max_queue: int = 10_000,
         queue_timeout_s: float = 120.0,

@@ -61,7 +61,7 @@ class SimRouter:
     cap: int | None = None
     priorities: bool = True
     controller: ctl.ControllerConfig | None = None
-    aging_s: float = 4.0
+    aging_s: float = 1.0
     impact_weight: float = 1.0
     stats: RouterStats = field(default_factory=RouterStats)
 
