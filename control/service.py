@@ -7,6 +7,7 @@ every decision in it is delegated to a pure function (policies, controller, prio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -270,13 +271,16 @@ class Steersman:
             result = GenerationResult(job.request_id, name, self.clock())
             job.dispatched_at = result.started_at
             streamed = False
+            upstream = instance.backend.stream(self._request(job, instance), result)
             try:
-                async for event in instance.backend.stream(self._request(job, instance), result):
-                    streamed = True
-                    slot = instance.in_flight.get(job.request_id)
-                    if slot is not None and result.completion_tokens is not None:
-                        slot[1] = float(result.completion_tokens)
-                    yield event.data
+                # aclosing: a client that leaves closes the upstream stream now, not at GC time.
+                async with contextlib.aclosing(upstream) as events:
+                    async for event in events:
+                        streamed = True
+                        slot = instance.in_flight.get(job.request_id)
+                        if slot is not None and result.completion_tokens is not None:
+                            slot[1] = float(result.completion_tokens)
+                        yield event.data
             except InstanceUnavailable as exc:
                 self._release(job, name)
                 self.admission.pump()

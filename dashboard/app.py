@@ -62,7 +62,7 @@ def _fmt(value, unit: str = "", digits: int = 3) -> str:
 def overview(engine, since) -> None:
     st.title("Overview")
     reqs, evts = data.requests(engine, since), data.events(engine, since)
-    o = data.overview(reqs, evts, data.models(engine), data.now_utc())
+    o = data.overview(reqs, evts, data.models(engine))
     if not o["requests"]:
         st.info("No requests recorded in this window yet.")
     a, b, c, d = st.columns(4)

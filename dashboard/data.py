@@ -123,23 +123,25 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return float(ordered[rank - 1])
 
 
-def overview(
-    reqs: pd.DataFrame, evts: pd.DataFrame, model_rows: pd.DataFrame, now: datetime
-) -> dict[str, Any]:
+def overview(reqs: pd.DataFrame, evts: pd.DataFrame, model_rows: pd.DataFrame) -> dict[str, Any]:
     """The on-call summary: mode and why, misses, accuracy, throughput, latency percentiles."""
     done = reqs[reqs["actual_tokens"].notna()] if len(reqs) else reqs
     scored = done[done["miss"].notna()] if len(done) else done
     modes = evts[evts["kind"] == "mode"] if len(evts) else evts
     last_mode = modes.iloc[-1] if len(modes) else None
     misses = [bool(m) for m in scored["miss"]] if len(scored) else []
+    # The controller counts its streak from its last mode change, as here.
+    recent = scored
+    if last_mode is not None and len(scored):
+        recent = scored[scored["finished_at"] > last_mode["ts"]]
     streak = 0
-    for miss in reversed(misses):
+    for miss in reversed([bool(m) for m in recent["miss"]] if len(recent) else []):
         if not miss:
             break
         streak += 1
     span_s = 0.0
-    if len(reqs):
-        span_s = max((now - reqs["received_at"].min()).total_seconds(), 1.0)
+    if len(reqs):  # the rate while requests arrived, not diluted by a quiet tail
+        span_s = max((reqs["received_at"].max() - reqs["received_at"].min()).total_seconds(), 1.0)
     ttft = list(done["ttft_s"].dropna()) if len(done) else []
     e2e = list(done["e2e_s"].dropna()) if len(done) else []
     ttft_p50, ttft_p95 = percentile(ttft, 0.5), percentile(ttft, 0.95)

@@ -91,3 +91,19 @@ def screenshots(base: str, pages: list[str], out: Path) -> dict[str, dict]:
         finally:
             browser.close()
     return seen
+
+
+if __name__ == "__main__":  # python -m tests.dashboard.browser DB_URL OUT_DIR: README screenshots
+    import argparse
+    import tempfile
+
+    from steersman.dashboard.app import PAGES
+
+    parser = argparse.ArgumentParser(description="Screenshot every dashboard page.")
+    parser.add_argument("db")
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with dashboard(args.db, Path(tempfile.mkdtemp()) / "dashboard.log") as base:
+        for name, seen in screenshots(base, list(PAGES), args.out).items():
+            print(name, seen["errors"], seen["screenshot"])
