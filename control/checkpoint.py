@@ -11,6 +11,7 @@ import logging
 import os
 import pickle
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ class Checkpoint:
 
 def save(path: Path, checkpoint: Checkpoint) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as fh:
         pickle.dump(checkpoint, fh, protocol=pickle.HIGHEST_PROTOCOL)
         fh.flush()

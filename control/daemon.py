@@ -198,6 +198,7 @@ class Daemon:
                 {"path": str(s.predictor.model_dir)},
             )
         self.checkpoint_path = s.data_dir / "checkpoints" / "state.pkl"
+        self._checkpointing = threading.Lock()
         self.restore()
         self.retrainer = Retrainer(
             self.engine,
@@ -265,6 +266,10 @@ class Daemon:
     # -- state ---------------------------------------------------------------------------------
 
     def save_checkpoint(self) -> None:
+        with self._checkpointing:  # the periodic job and the final one at shutdown
+            self._save_checkpoint()
+
+    def _save_checkpoint(self) -> None:
         svc = self.service
         checkpoint = ckpt.Checkpoint(
             saved_at=time.time(),

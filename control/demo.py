@@ -21,7 +21,7 @@ from sqlalchemy import text
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.daemon import Daemon, serving
 from steersman.control.replay import Outcome, percentile, replay
-from steersman.control.settings import Settings, load_settings
+from steersman.control.settings import Settings, derive
 from steersman.control.training import SMALL, grouped_split, train_length_model
 from steersman.control.vllm_server import VllmServer, free_port
 from steersman.control.workloads import WorkItem, build_workload, load_trace, trace_arrivals
@@ -162,10 +162,7 @@ def daemon_settings(
     }
     for key, value in (extra or {}).items():
         overrides[key] = {**overrides.get(key, {}), **value}
-    merged = base.model_dump(mode="json")
-    for key, value in overrides.items():
-        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
-    return load_settings(None, merged, environ={})
+    return derive(base, overrides)  # the run's instances replace the operator's list
 
 
 def run_replay(

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
@@ -31,7 +32,10 @@ class Jobs:
         retrain: Job | None = None,
     ) -> None:
         self.scheduler = AsyncIOScheduler(
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60}
+            # Threads, so that a job still running at shutdown finishes instead of being
+            # cancelled half way (the asyncio executor cancels it and logs an error).
+            executors={"default": ThreadPoolExecutor(max_workers=2)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 60},
         )
         self._retrain = retrain
         add = self.scheduler.add_job

@@ -5,35 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
 
-from steersman.control.training import grouped_split
+from steersman.control.training import promote_version, register, train_length_model
+from steersman.learners.datasets import PromptRecord
 from steersman.storage.models import RequestRow
-from steersman.storage.registry import (
-    model_versions,
-    new_version,
-    register_model_version,
-    set_status,
-)
+from steersman.storage.registry import set_status
 
 log = logging.getLogger(__name__)
 
 MIN_ROWS = 50
-
-
-@dataclass
-class HistoryData:
-    texts: list[str]
-    targets_log: list[float]
-    groups: list[str]
-    digest: str
 
 
 @dataclass
@@ -44,9 +30,10 @@ class RetrainOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def history_data(engine: Engine, max_rows: int) -> HistoryData:
-    """The newest finished requests that kept their prompt text, with their actual lengths in
-    the served model's tokens (from the server's usage counts)."""
+def history_records(engine: Engine, max_rows: int) -> tuple[list[PromptRecord], list[int]]:
+    """The newest finished requests that kept their prompt text, as records grouped by prompt
+    (the id is the prompt's hash), and their actual lengths in the served model's tokens (the
+    server's usage counts)."""
     r = RequestRow
     query = (
         select(r.prompt_text, r.actual_tokens, r.prompt_sha256)
@@ -56,26 +43,24 @@ def history_data(engine: Engine, max_rows: int) -> HistoryData:
     )
     with engine.connect() as conn:
         rows = conn.execute(query).all()
-    digest = hashlib.sha256()
-    texts, targets, groups = [], [], []
-    for text, actual, sha in rows:
-        texts.append(text)
-        targets.append(math.log1p(max(actual, 0)))
-        groups.append(sha or hashlib.sha256(text.encode()).hexdigest())
-        digest.update(f"{groups[-1]}\t{actual}\n".encode())
-    return HistoryData(texts, targets, groups, digest.hexdigest())
+    records = [
+        PromptRecord(sha or hashlib.sha256(text.encode()).hexdigest(), "history", text, "")
+        for text, _, sha in rows
+    ]
+    return records, [max(actual, 0) for _, actual, _ in rows]
 
 
 class Retrainer:
-    """``run()`` is the daemon's retraining job. ``swap(model, version)`` is called with a
-    loaded, validated model to serve; ``event(kind, reason, details)`` records what happened."""
+    """``run()`` is the daemon's retraining job. ``swap(model, version, directory)`` is called
+    with a loaded, validated model to serve; ``event(kind, reason, details)`` records what
+    happened; ``current()`` says which model directory and version serve now."""
 
     def __init__(
         self,
         engine: Engine,
         models_dir: Path,
         *,
-        swap: Callable[[Any, str], None],
+        swap: Callable[[Any, str, Path], None],
         event: Callable[[str, str, dict[str, Any]], None],
         current: Callable[[], tuple[Path | None, str | None]],
         budget_s: float = 600.0,
@@ -98,8 +83,8 @@ class Retrainer:
         self.epochs = epochs
         self.seed = seed
         self.device = device
-        self.scratch = scratch or {}  # from_scratch hyperparameters (size of a new model)
-        self.fit = fit or {}  # more fit() options: lr, patience, batch_size
+        self.scratch = scratch  # from_scratch hyperparameters (the size of a new model)
+        self.fit = fit  # more fit() options: lr, patience, batch_size
 
     def run(self) -> RetrainOutcome:
         try:
@@ -114,71 +99,47 @@ class Retrainer:
     def _run(self) -> RetrainOutcome:
         from steersman.learners.hf import RobertaLengthModel  # torch: only when retraining
 
-        data = history_data(self.engine, self.max_rows)
-        if len(data.texts) < MIN_ROWS or len(set(data.groups)) < 5:
-            return RetrainOutcome("skipped", f"{len(data.texts)} usable rows in the history")
-        train, val = grouped_split(data.groups, self.val_fraction, self.seed)
-        pick = lambda idx, xs: [xs[i] for i in idx]  # noqa: E731
-        val_texts, val_targets = pick(val, data.texts), pick(val, data.targets_log)
+        records, lengths = history_records(self.engine, self.max_rows)
+        if len(records) < MIN_ROWS or len({r.group for r in records}) < 5:
+            return RetrainOutcome("skipped", f"{len(records)} usable rows in the history")
         current_dir, current_version = self.current()
-        current_mae = None
-        if current_dir is not None:
-            served = RobertaLengthModel.load(current_dir, device=self.device)
-            current_mae = served.validation_mae_log(val_texts, val_targets)
-            candidate = RobertaLengthModel.load(current_dir, device=self.device)
-        else:
-            candidate = RobertaLengthModel.from_scratch(
-                pick(train, data.texts), seed=self.seed, **self.scratch
-            )
-        report = candidate.fit(
-            pick(train, data.texts),
-            pick(train, data.targets_log),
-            val_texts=val_texts,
-            val_targets_log=val_targets,
+        trained = train_length_model(
+            records,
+            None,
+            lengths=lengths,
+            models_dir=self.models_dir,
+            base_model=current_dir,
+            scratch=self.scratch,
             epochs=self.epochs,
             time_budget_s=self.budget_s,
+            val_fraction=self.val_fraction,
             seed=self.seed,
-            **self.fit,
+            fit_options=self.fit,
+            device=self.device,
         )
-        candidate_mae = candidate.validation_mae_log(val_texts, val_targets)
-        created = datetime.now(UTC)
-        version = new_version(created)
-        better = current_mae is None or candidate_mae < current_mae
-        metrics = {
-            "val_mae_log": round(candidate_mae, 5),
-            "current_val_mae_log": None if current_mae is None else round(current_mae, 5),
-            "current_version": current_version,
-            "stopped": report["stopped"],
-            "train_seconds": report["train_seconds"],
-        }
-        directory = self.models_dir / version
-        candidate.save(directory, {"version": version, "metrics": metrics, "source": "history"})
-        register_model_version(
-            self.engine,
-            {
-                "version": version,
-                "created_at": created,
-                "kind": "roberta",
-                "path": str(directory),
-                "data_hash": data.digest,
-                "train_rows": len(train),
-                "val_rows": len(val),
-                "metrics": metrics,
-                "status": "candidate",
-                "notes": "retrained from the SQL history",
-            },
+        val_texts = [trained.texts[i] for i in trained.val_idx]
+        val_targets = [trained.targets_log[i] for i in trained.val_idx]
+        candidate_mae = trained.model.validation_mae_log(val_texts, val_targets)
+        current_mae = None
+        if current_dir is not None:  # the served model, scored on the very same rows
+            served = RobertaLengthModel.load(current_dir, device=self.device)
+            current_mae = served.validation_mae_log(val_texts, val_targets)
+        trained.metrics.update(
+            val_mae_log=round(candidate_mae, 5),
+            current_val_mae_log=None if current_mae is None else round(current_mae, 5),
+            current_version=current_version,
         )
-        if not better:
-            set_status(self.engine, version, "rejected")
+        register(self.engine, trained, notes="retrained from the SQL history", promote=False)
+        keep = ("val_mae_log", "current_val_mae_log", "current_version", "stopped", "train_seconds")
+        metrics = {k: trained.metrics[k] for k in keep}
+        if current_mae is not None and candidate_mae >= current_mae:
+            set_status(self.engine, trained.version, "rejected")
             reason = f"val MAE(log) {candidate_mae:.4f} not below current {current_mae:.4f}"
-            return RetrainOutcome("rejected", reason, version, metrics)
+            return RetrainOutcome("rejected", reason, trained.version, metrics)
         # Load what was saved: a directory that does not load is never swapped in.
-        fresh = RobertaLengthModel.load(directory, device=self.device)
-        self.swap(fresh, version)
-        for row in model_versions(self.engine):
-            if row["status"] == "promoted" and row["version"] != version:
-                set_status(self.engine, row["version"], "retired")
-        set_status(self.engine, version, "promoted", promoted_at=datetime.now(UTC))
+        fresh = RobertaLengthModel.load(trained.directory, device=self.device)
+        self.swap(fresh, trained.version, trained.directory)
+        promote_version(self.engine, trained.version)
         was = "none" if current_mae is None else f"{current_mae:.4f}"
         reason = f"val MAE(log) {candidate_mae:.4f} vs current {was}"
-        return RetrainOutcome("promoted", reason, version, metrics)
+        return RetrainOutcome("promoted", reason, trained.version, metrics)

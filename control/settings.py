@@ -117,12 +117,33 @@ def load_settings(
     env = os.environ if environ is None else environ
     try:
         settings = Settings(**file_data)
-        if overrides:
-            merged = _deep_merge(settings.model_dump(), overrides)
-            settings = Settings.model_validate(merged)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, config_file, env)) from None
-    return settings
+    return derive(settings, overrides) if overrides else settings
+
+
+def derive(settings: Settings, overrides: dict[str, Any]) -> Settings:
+    """``settings`` with ``overrides`` merged in (a nested dict, as flags give). The environment
+    is not read again: the overrides win."""
+    try:
+        return _Derived(**_deep_merge(settings.model_dump(), overrides))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, None, {})) from None
+
+
+class _Derived(Settings):
+    """Settings validated from values alone: the environment was applied already."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

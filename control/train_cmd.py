@@ -12,13 +12,19 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from steersman.control.model_cmd import served_model
+from steersman.control.retrain import history_records
 from steersman.control.settings import Settings
 from steersman.control.training import SMALL, TINY, register, train_length_model
 from steersman.data import PROMPT_SETS, path
 from steersman.learners.datasets import PromptRecord, load_prompt_set
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
-from steersman.storage.engine import DatabaseUnavailable, check_connection, make_engine
+from steersman.storage.engine import (
+    DatabaseUnavailable,
+    check_connection,
+    make_engine,
+    mask_url,
+)
 
 err = Console(stderr=True, highlight=False)
 
@@ -65,6 +71,13 @@ def train_command(
     val_fraction: Annotated[float, typer.Option(min=0.05, max=0.5)] = 0.2,
     seed: Annotated[int, typer.Option()] = 0,
     db: Annotated[str | None, typer.Option("--db", help="Database URL for the registry.")] = None,
+    from_history: Annotated[
+        bool,
+        typer.Option(
+            "--from-history",
+            help="Train on the SQL history's finished requests (prompt text and actual tokens).",
+        ),
+    ] = False,
     promote: Annotated[
         bool, typer.Option(help="Mark it promoted: `steersman serve` then loads it by default.")
     ] = False,
@@ -73,7 +86,19 @@ def train_command(
     versioned model directory and register it in model_versions."""
     settings: Settings = ctx.obj.settings(db=db)
     records: list[PromptRecord] = []
-    sources = data or [path(n.strip()) for n in bundled.split(",") if n.strip()]
+    lengths: list[int] | None = None
+    named = [path(n.strip()) for n in bundled.split(",") if n.strip()]
+    sources = [] if from_history else data or named
+    if from_history:
+        try:
+            records, lengths = history_records(
+                make_engine(settings.database_url), max_rows or 20_000
+            )
+        except Exception as exc:
+            err.print(f"cannot read the SQL history at {mask_url(settings.database_url)}: {exc}",
+                      markup=False)  # fmt: skip
+            raise typer.Exit(1) from None
+        err.print(f"{len(records)} finished requests with prompt text in the history", markup=False)
     for source in sources:
         if not Path(source).exists():
             err.print(f"--data {source}: no such file", markup=False)
@@ -81,12 +106,12 @@ def train_command(
         loaded, report = load_prompt_set(Path(source))
         err.print(report.summary(), markup=False)
         records.extend(loaded)
-    if max_rows is not None and len(records) > max_rows:
+    if max_rows is not None and len(records) > max_rows and lengths is None:
         records = random.Random(seed).sample(records, max_rows)
     if len(records) < 10:
         err.print(f"too few usable rows to train on: {len(records)}", markup=False)
         raise typer.Exit(2)
-    counter = TokenCounter(tokenizer or served_model(settings.data_dir))
+    counter = None if lengths else TokenCounter(tokenizer or served_model(settings.data_dir))
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -109,6 +134,7 @@ def train_command(
             counter,
             out_dir=out,
             models_dir=settings.data_dir / "models",
+            lengths=lengths,
             base_model=base_model,
             scratch=SIZES[size],
             epochs=epochs,

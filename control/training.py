@@ -57,13 +57,17 @@ class TrainedModel:
     val_rows: int
     metrics: dict[str, Any]
     model: Any
+    texts: list[str]
+    targets_log: list[float]
+    val_idx: list[int]
 
 
 def train_length_model(
     records: list[PromptRecord],
-    counter: TokenCounter,
+    counter: TokenCounter | None,
     *,
     models_dir: Path,
+    lengths: Sequence[int] | None = None,
     out_dir: Path | None = None,
     base_model: Path | None = None,
     scratch: dict[str, int] | None = None,
@@ -72,16 +76,22 @@ def train_length_model(
     val_fraction: float = 0.2,
     seed: int = 0,
     progress: Callable[[int, int, dict], None] | None = None,
+    fit_options: dict[str, Any] | None = None,
+    device: str = "cpu",
 ) -> TrainedModel:
     """Train (fine-tune ``base_model``, or a new small RoBERTa), validate on held-out prompt
-    groups and save a versioned directory with its metadata."""
+    groups and save a versioned directory with its metadata. The targets are ``lengths`` when
+    given (the SQL history's actual token counts), else the responses counted by ``counter``."""
     from steersman.learners.hf import RobertaLengthModel  # torch: only when training
 
-    targets = [math.log1p(n) for n in counter.count_many([r.response for r in records])]
+    if lengths is None:
+        assert counter is not None, "a counter or the lengths"
+        lengths = counter.count_many([r.response for r in records])
+    targets = [math.log1p(max(n, 0)) for n in lengths]
     train_idx, val_idx = grouped_split([r.group for r in records], val_fraction, seed)
     texts = [r.prompt for r in records]
     if base_model is not None:
-        model = RobertaLengthModel.load(base_model)
+        model = RobertaLengthModel.load(base_model, device=device)
     else:
         model = RobertaLengthModel.from_scratch(
             [texts[i] for i in train_idx], seed=seed, **(scratch or SMALL)
@@ -95,6 +105,7 @@ def train_length_model(
         time_budget_s=time_budget_s,
         seed=seed,
         progress=progress,
+        **(fit_options or {}),
     )
     predicted = model.predict_log([texts[i] for i in val_idx])
     val = score(
@@ -136,6 +147,9 @@ def train_length_model(
         len(val_idx),
         metrics,
         model,
+        texts,
+        targets,
+        val_idx,
     )
 
 
@@ -157,7 +171,12 @@ def register(engine: Engine, trained: TrainedModel, *, notes: str, promote: bool
         },
     )
     if promote:
-        for row in model_versions(engine):
-            if row["status"] == "promoted":
-                set_status(engine, row["version"], "retired")
-        set_status(engine, trained.version, "promoted", promoted_at=datetime.now(UTC))
+        promote_version(engine, trained.version)
+
+
+def promote_version(engine: Engine, version: str) -> None:
+    """Make ``version`` the promoted one; the one promoted before is retired."""
+    for row in model_versions(engine):
+        if row["status"] == "promoted" and row["version"] != version:
+            set_status(engine, row["version"], "retired")
+    set_status(engine, version, "promoted", promoted_at=datetime.now(UTC))

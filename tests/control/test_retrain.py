@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import insert, text
 
 from steersman.control.daemon import Daemon
-from steersman.control.retrain import Retrainer, history_data
+from steersman.control.retrain import Retrainer, history_records
 from steersman.data import path
 from steersman.learners.datasets import load_prompt_set
 from steersman.storage.models import RequestRow
@@ -72,8 +72,9 @@ def test_too_little_history_is_skipped(daemon):
 
 def test_promote_then_reject_a_worse_candidate_and_serve_throughout(daemon):
     fill_history(daemon.engine)
-    data = history_data(daemon.engine, 10_000)
-    assert len(data.texts) == 300 and all(t >= 0 for t in data.targets_log)
+    records, lengths = history_records(daemon.engine, 10_000)
+    assert len(records) == len(lengths) == 300 and min(lengths) >= 2
+    assert len({r.group for r in records}) == 300
 
     first = retrainer(daemon, epochs=40, fit={"lr": 3e-3, "patience": 8}).run()
     assert first.status == "promoted", first.reason

@@ -94,3 +94,15 @@ def test_the_example_file_lists_every_field_and_is_current():
             assert name in parsed["storage"]
     # The example is itself a valid configuration.
     load_settings(ROOT / "steersman.example.toml", environ={})
+
+
+def test_a_flag_beats_the_same_field_from_the_environment_and_derive_keeps_secrets(monkeypatch):
+    from steersman.control.settings import derive
+
+    monkeypatch.setenv("STEERSMAN_STORAGE__URL", "sqlite:////tmp/from-env.db")
+    monkeypatch.setenv("STEERSMAN_DATA_DIR", "/tmp/from-env")
+    s = load_settings(overrides={"storage": {"url": "sqlite:////tmp/from-flag.db"}})
+    assert s.storage.url == "sqlite:////tmp/from-flag.db"
+    run = derive(s, {"data_dir": "/tmp/run-1", "gateway": {"api_keys": ["k1"]}})
+    assert str(run.data_dir) == "/tmp/run-1"  # the environment is not read again
+    assert derive(run, {"log_level": "ERROR"}).gateway.api_keys[0].get_secret_value() == "k1"

@@ -88,3 +88,23 @@ def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkey
 def test_train_refuses_a_missing_file(tmp_path):
     result = CliRunner().invoke(app, ["train", "--data", str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 2 and "no such file" in result.stderr
+
+
+def test_train_from_the_sql_history(tmp_path):
+    from steersman.storage import migrate
+    from tests.control.test_retrain import fill_history
+
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    engine = make_engine(db)
+    migrate.upgrade(engine)
+    fill_history(engine)
+    args = [
+        "train", "--from-history", "--db", db, "--size", "tiny", "--epochs", "1",
+        "--out", str(tmp_path / "from-history"),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "300 finished requests with prompt text in the history" in result.stderr
+    (registered,) = model_versions(engine)
+    assert registered["train_rows"] + registered["val_rows"] == 300
+    assert (tmp_path / "from-history" / "steersman.json").exists()
