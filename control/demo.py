@@ -96,7 +96,7 @@ class DemoConfig:
     length_model: Path
     vllm_python: str
     policy: str = "predictive"
-    max_in_flight: int = 8
+    max_in_flight: int = 32
 
 
 @contextlib.contextmanager
