@@ -27,6 +27,15 @@ class BackendKind(StrEnum):
     sim = "sim"
 
 
+PolicyName = StrEnum(  # type: ignore[misc]
+    "PolicyName",
+    {
+        p.replace("-", "_"): p
+        for p in ("predictive", "least-load", "round-robin", "random", "oracle")
+    },
+)
+
+
 def demo_command(
     ctx: typer.Context,
     backend: Annotated[
@@ -36,7 +45,7 @@ def demo_command(
         float, typer.Option(help="Seconds of trace to replay.", min=5, max=3600)
     ] = 120.0,
     rate: Annotated[float, typer.Option(help="Mean request rate, requests/s.", min=0.1)] = 2.0,
-    policy: Annotated[str, typer.Option(help="Dispatch policy.")] = "predictive",
+    policy: Annotated[PolicyName, typer.Option(help="Dispatch policy.")] = PolicyName.predictive,
     seed: Annotated[int, typer.Option(help="Seed of the arrivals and the prompt draw.")] = 0,
     vllm_python: Annotated[
         str,
@@ -81,7 +90,7 @@ def demo_command(
         length_model = ensure_length_model(data_dir, counter, budget_s=train_budget, progress=tick)
     items = demo_workload(counter, rate, duration, seed)
     run_dir = data_dir / "demo" / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{backend.value}"
-    config = DemoConfig(backend.value, run_dir, model_dir, length_model, vllm_python, policy)
+    config = DemoConfig(backend.value, run_dir, model_dir, length_model, vllm_python, policy.value)
     console.print(
         f"starting {backend.value} instances and the daemon; replaying {len(items)} requests "
         f"over {duration:g} s at {rate:g} req/s",

@@ -21,8 +21,7 @@ class Prediction:
     prompt_tokens: int | None
     base: float | None  # RoBERTa's, in tokens
     corrected: float
-    path: str  # "roberta" (base + correction) or "fast" (feature-only)
-    late: bool = False  # RoBERTa was configured but missed the deadline
+    path: str  # "roberta" (base + correction) or "fast" (feature-only, or RoBERTa was late)
 
 
 class Predictor:
@@ -63,10 +62,8 @@ class Predictor:
         if max_tokens is not None:
             x["max_tokens"] = max_tokens
         base = None
-        late = False
         if self.batcher is not None:
             base = await self.batcher.predict(text, self.deadline_s)
-            late = base is None
             if base is not None and math.isfinite(base):
                 x[BASE_KEY] = base
         corrected = self.corrector.predict_one(x)
@@ -77,7 +74,6 @@ class Predictor:
             base=base,
             corrected=corrected,
             path="roberta" if BASE_KEY in x else "fast",
-            late=late,
         )
 
     def learn(self, prediction: Prediction, actual: int) -> None:
