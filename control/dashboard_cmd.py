@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -48,4 +48,6 @@ def dashboard_command(
         settings.database_url, host or d.host, d.port if port is None else port, d.refresh_s
     )
     typer.echo(f"dashboard on http://{host or d.host}:{d.port if port is None else port}", err=True)
-    raise typer.Exit(subprocess.call(command))
+    sys.stderr.flush()
+    # Become Streamlit: a supervisor's SIGTERM then reaches the server itself, leaving no orphan.
+    os.execv(command[0], command)
