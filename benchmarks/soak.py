@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import tomli_w
 
+from benchmarks.gateway_overhead import wait_up
 from steersman.control.replay import percentile
 from steersman.control.vllm_server import free_port
 from steersman.data import path
@@ -103,12 +104,7 @@ def main() -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)  # the daemon's start has no event to wait on from here
+        wait_up(url)
         rows = []
 
         def report(latencies: list[float], errors: int) -> None:

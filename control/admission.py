@@ -87,10 +87,3 @@ class Admission:
                 return
             heapq.heappop(self._heap)
             head.future.set_result(name)
-
-    def fail_all(self, exc: BaseException) -> None:
-        """Wake every waiter with ``exc`` (no instance left to serve them)."""
-        while self._heap:
-            waiter = heapq.heappop(self._heap)
-            if not waiter.future.done():
-                waiter.future.set_exception(exc)

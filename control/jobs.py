@@ -56,9 +56,6 @@ class Jobs:
         log.info("early retraining queued: %s", reason)
         self.scheduler.add_job(self._retrain, id="retrain-early", replace_existing=True)
 
-    def jobs(self) -> list[str]:
-        return [job.id for job in self.scheduler.get_jobs()]
-
     def shutdown(self) -> None:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -154,6 +154,16 @@ class JobsSettings(_Section):
     retrain_cron: str | None = Field(
         default=None, description="Or on a crontab schedule, e.g. '0 3 * * *'."
     )
+
+    @field_validator("retrain_cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            from steersman.control.jobs import check_cron  # APScheduler reads crontabs
+
+            check_cron(value)
+        return value
+
     retrain_on_fallback: bool = Field(
         default=True, description="Queue an early retraining when the controller falls back."
     )

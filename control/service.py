@@ -333,11 +333,11 @@ class Steersman:
     ) -> None:
         """Learn from the outcome, let the controller observe, record the row. Never raises."""
         try:
-            self._account(job, instance, result, error)
+            self._record_outcome(job, instance, result, error)
         except Exception:
             log.exception("request %s: accounting failed", job.request_id)
 
-    def _account(
+    def _record_outcome(
         self,
         job: Job,
         instance: Instance | None,

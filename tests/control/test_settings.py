@@ -106,3 +106,13 @@ def test_a_flag_beats_the_same_field_from_the_environment_and_derive_keeps_secre
     run = derive(s, {"data_dir": "/tmp/run-1", "gateway": {"api_keys": ["k1"]}})
     assert str(run.data_dir) == "/tmp/run-1"  # the environment is not read again
     assert derive(run, {"log_level": "ERROR"}).gateway.api_keys[0].get_secret_value() == "k1"
+
+
+def test_a_bad_retrain_cron_is_a_config_error_naming_the_field():
+    import pytest
+
+    from steersman.control.settings import ConfigError
+
+    with pytest.raises(ConfigError, match=r"jobs.retrain_cron = '61 \* \* \* \*'"):
+        load_settings(overrides={"jobs": {"retrain_cron": "61 * * * *"}})
+    assert load_settings(overrides={"jobs": {"retrain_cron": "0 3 * * *"}}).jobs.retrain_cron
