@@ -62,6 +62,12 @@ def main() -> None:
         default=True,
         help="also calibrate the server now and simulate with that profile",
     )
+    parser.add_argument(
+        "--calibration-repeats",
+        type=int,
+        default=5,
+        help="measurements per calibration point (their median is fitted)",
+    )
     parser.add_argument("--vllm-python", default=str(ROOT / ".vllm-venv" / "bin" / "python"))
     args = parser.parse_args()
 
@@ -101,7 +107,9 @@ def main() -> None:
         outcomes, real_wall = asyncio.run(go())
         calibrated = None
         if args.calibrate:
-            samples = asyncio.run(measure(base_url, "tiny", max_model_len=1024))
+            samples = asyncio.run(
+                measure(base_url, "tiny", max_model_len=1024, repeats=args.calibration_repeats)
+            )
             calibrated = fit(samples, "calibrated-now", num_blocks=32768, max_model_len=1024)
     finally:
         if server is not None:

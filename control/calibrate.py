@@ -1,14 +1,20 @@
 """Measures the step-time coefficients of a live vLLM instance (``steersman calibrate``).
 
-Prefill: single requests whose prompts are token-id lists of known length, one output token;
-the slope of time-to-first-token over prompt length is ``b``. Decode: k concurrent requests with
-``ignore_eos``; their mean inter-token interval is one step of k sequences, fitted by least
-squares to ``a + c*k + d*context``. Prompts are token ids, so no tokenizer is involved.
+Prefill: single requests whose prompts are token-id lists of known length, one output token,
+spaced apart as arrivals are in service (back to back, a server answers a first token up to twice
+as fast as it does to a request that finds it idle); the slope of time-to-first-token over prompt
+length is ``b``. Decode: k concurrent requests with ``ignore_eos``; their mean inter-token interval
+is one step of k sequences, fitted by least squares to ``a + c*k + d*context``. Joins: the same
+background decodes with and without a train of one-token requests joining them; the time each
+join adds to the background requests, less its prefill tokens' ``b``, is ``e``; the joins' own
+time to first token gives the admission delay of a request that finds the engine busy, and the
+rest of the idle one is ``wake_s``. Prompts are token ids, so no tokenizer is involved.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -22,19 +28,23 @@ from steersman.control.sim.profiles import StepModel
 
 @dataclass(frozen=True)
 class Sample:
-    kind: str  # "prefill" or "decode"
-    seqs: int
+    kind: str  # "prefill", "decode", "join" or "busy-prefill"
+    seqs: int  # requests decoding (decode, join, busy-prefill) or 1 (prefill)
     prompt_tokens: int
-    context_tokens: float  # mean attended tokens per step (decode) or prompt length (prefill)
+    context_tokens: float  # mean attended tokens per step, or the prompt length (prefill)
+    # TTFT (prefill, busy-prefill: while seqs decode), one step (decode), what one join adds.
     seconds: float
 
 
 async def _one(
     backend: VllmHttpBackend, model: str, prompt_len: int, out: int, tag: str
 ) -> GenerationResult:
+    # A prompt of its own per request: vLLM's prefix cache would otherwise skip the prefill of
+    # every prompt that repeats an earlier one's leading blocks.
+    rng = random.Random()
     body = {
         "model": model,
-        "prompt": [7 + (i % 50) for i in range(prompt_len)],
+        "prompt": [rng.randrange(7, 1000) for _ in range(prompt_len)],
         "max_tokens": out,
         "ignore_eos": True,
         "temperature": 0.0,
@@ -45,8 +55,30 @@ async def _one(
     return result
 
 
+async def _decoding(
+    backend: VllmHttpBackend, model: str, seqs: int, out: int, joins: int, join_len: int, gap: float
+) -> tuple[float, list[float]]:
+    """Mean decode time (first to last token) of ``seqs`` background requests while ``joins``
+    one-token requests of ``join_len`` prompt tokens arrive one after another, and the joins'
+    times to first token."""
+    background = [
+        asyncio.create_task(_one(backend, model, 16, out, f"bg{seqs}-{i}")) for i in range(seqs)
+    ]
+    ttfts = []
+    for j in range(joins):
+        await asyncio.sleep(gap)
+        ttfts.append((await _one(backend, model, join_len, 1, f"join{join_len}-{j}")).ttft or 0.0)
+    results = await asyncio.gather(*background)
+    return statistics.fmean(r.finished_at - r.first_token_at for r in results), ttfts
+
+
 async def measure(
-    base_url: str, model: str, *, max_model_len: int = 1024, repeats: int = 3
+    base_url: str,
+    model: str,
+    *,
+    max_model_len: int = 1024,
+    repeats: int = 3,
+    gap_s: float = 0.05,
 ) -> list[Sample]:
     backend = VllmHttpBackend("calibrate", base_url, read_timeout_s=120)
     samples: list[Sample] = []
@@ -55,6 +87,7 @@ async def measure(
         for prompt_len in (16, 128, 256, 512, min(896, max_model_len - 8)):
             ttfts = []
             for r in range(repeats):
+                await asyncio.sleep(gap_s)
                 res = await _one(backend, model, prompt_len, 1, f"p{prompt_len}-{r}")
                 ttfts.append(res.ttft or 0.0)
             samples.append(Sample("prefill", 1, prompt_len, prompt_len, statistics.median(ttfts)))
@@ -90,6 +123,23 @@ async def measure(
                     statistics.median(itls),
                 )
             )
+        # Background decodes long enough that every join lands inside them; many joins, since
+        # what each adds is a few percent of the background's time, and that varies run to run.
+        seqs, joins, bg_out = 4, 32, min(800, max_model_len - 32)
+        for join_len in (16, 256):
+            added, ttfts = [], []
+            for _ in range(repeats):
+                alone, _ = await _decoding(backend, model, seqs, bg_out, 0, join_len, 0)
+                joined, t = await _decoding(
+                    backend, model, seqs, bg_out, joins, join_len, gap_s / 2
+                )
+                added.append((joined - alone) / joins)
+                ttfts.extend(t)
+            context = seqs * (16 + bg_out / 2)
+            samples.append(Sample("join", seqs, join_len, context, statistics.median(added)))
+            samples.append(
+                Sample("busy-prefill", seqs, join_len, context, statistics.median(ttfts))
+            )
     finally:
         await backend.aclose()
     return samples
@@ -112,27 +162,44 @@ def fit(
     px = np.array([s.prompt_tokens for s in prefill], dtype=float)
     py = np.array([s.seconds for s in prefill])
     b, intercept = np.polyfit(px, py, 1)
+    a, b = max(float(a), 1e-5), max(float(b), 0.0)
+    c, d = max(float(c), 0.0), max(float(d), 0.0)
+    joins = [s.seconds - b * s.prompt_tokens for s in samples if s.kind == "join"]
+    e = max(statistics.fmean(joins), 0.0) if joins else 0.0
+    # What a one-token request waits beyond its one engine step (a + e) when the engine is idle:
+    # HTTP, the hops between the API server and the engine, the engine waking up.
+    idle = max(float(intercept) - a - e, 0.0)
+    # While it decodes, a join waits for half the step in progress, then for its own step.
+    busy = [
+        s.seconds - 1.5 * (a + c * s.seqs + d * s.context_tokens) - e - b * s.prompt_tokens
+        for s in samples
+        if s.kind == "busy-prefill"
+    ]
+    admission = min(max(statistics.fmean(busy), 0.0), idle) if busy else idle
     return StepModel(
         name=name,
-        a=max(float(a), 1e-5),
-        b=max(float(b), 0.0),
-        c=max(float(c), 0.0),
-        d=max(float(d), 0.0),
+        a=a,
+        b=b,
+        c=c,
+        d=d,
+        e=e,
         num_blocks=num_blocks,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
-        # What a one-token request waits beyond one engine step: HTTP, tokenization, queueing.
-        admission_s=max(float(intercept) - max(float(a), 1e-5), 0.0),
+        admission_s=admission,
+        wake_s=idle - admission,
         source=f"steersman calibrate ({len(samples)} measurements)",
     )
 
 
 def measure_and_fit(
-    base_url: str, model: str, name: str, *, num_blocks: int, max_model_len: int
+    base_url: str, model: str, name: str, *, num_blocks: int, max_model_len: int, repeats: int = 3
 ) -> tuple[StepModel, list[Sample]]:
     try:
-        samples = asyncio.run(measure(base_url, model, max_model_len=max_model_len))
+        samples = asyncio.run(
+            measure(base_url, model, max_model_len=max_model_len, repeats=repeats)
+        )
     except BackendError as exc:
         raise RuntimeError(f"calibration request failed: {exc}") from None
     return fit(samples, name, num_blocks=num_blocks, max_model_len=max_model_len), samples

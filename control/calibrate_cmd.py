@@ -21,6 +21,9 @@ def calibrate_command(
     name: Annotated[str, typer.Option(help="Profile name.")] = "calibrated",
     model: Annotated[str, typer.Option(help="Served model name.")] = "tiny",
     max_model_len: Annotated[int, typer.Option(help="The server's --max-model-len.")] = 1024,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="Measurements per point; their median is fitted.")
+    ] = 3,
 ) -> None:
     """Measure prefill and decode step times and write a simulator profile (JSON)."""
 
@@ -34,7 +37,7 @@ def calibrate_command(
     try:
         blocks = asyncio.run(capacity())
         profile, samples = measure_and_fit(
-            base_url, model, name, num_blocks=blocks, max_model_len=max_model_len
+            base_url, model, name, num_blocks=blocks, max_model_len=max_model_len, repeats=repeats
         )
     except (ScrapeError, RuntimeError) as exc:
         typer.echo(f"calibration failed: {exc}", err=True)

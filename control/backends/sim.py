@@ -90,8 +90,9 @@ class SimBackend:
             priority=request.priority or 0,
             on_token=lambda r, t: queue.put_nowait((t, r.generated)),
         )
-        if self.engine.model.admission_s > 0:
-            await asyncio.sleep(self.engine.model.admission_s)
+        delay = self.engine.model.admission(self.engine.has_work())
+        if delay > 0:
+            await asyncio.sleep(delay)
         self.engine.add(sim)
         self._ensure_running()
         self._wake.set()

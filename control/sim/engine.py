@@ -170,14 +170,17 @@ class SimEngine:
                 budget -= n
         if not work:
             return None
-        prefill = decode = context = 0
+        prefill = decode = context = joins = 0
         for r, n in work:
             context += r.computed + n
             if n == 1 and r.computed >= r.prompt_tokens:
                 decode += 1
             else:
                 prefill += n
-        return Plan(work, prefill, decode, context, model.step_time(prefill, decode, context))
+                joins += r.computed == 0
+        return Plan(
+            work, prefill, decode, context, model.step_time(prefill, decode, context, joins)
+        )
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request wherever it is (a client went away); its blocks are freed."""

@@ -2,6 +2,9 @@
 
 - ``cpu-tiny``: measured on the project's 2-core development machine with
   ``steersman calibrate`` against vLLM CPU 0.32.0 serving the tiny demo model (one core, float32).
+  Beyond the four coefficients it has ``e``, the engine time each newly admitted request costs
+  (about 3 ms there, more than its prefill tokens), and an admission delay that is longer when
+  the engine is idle (``wake_s``); the GPU profiles leave both at 0.
 - ``a100-llama2-7b`` and ``h100-llama3-8b``: derived, not measured, from published figures:
   HBM bandwidth and dense BF16 throughput from NVIDIA's A100 (2,039 GB/s, 312 TFLOPS) and H100 SXM
   (3,350 GB/s, 989 TFLOPS) data sheets; model shapes from the Llama 2 and Llama 3 papers (7B: 32
@@ -34,10 +37,24 @@ class StepModel:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
     admission_s: float = 0.0  # API server work before a request reaches the engine's queue
+    wake_s: float = 0.0  # more of it when the engine is idle (it sleeps on its input queue)
+    e: float = 0.0  # per request whose prefill begins in the step (engine-side setup)
     source: str = ""
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        return self.a + self.b * prefill_tokens + self.c * decode_seqs + self.d * context_tokens
+    def admission(self, engine_busy: bool) -> float:
+        """From the request's arrival at the API server to its place in the engine's queue."""
+        return self.admission_s if engine_busy else self.admission_s + self.wake_s
+
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, context_tokens: int, joins: int = 0
+    ) -> float:
+        return (
+            self.a
+            + self.b * prefill_tokens
+            + self.c * decode_seqs
+            + self.d * context_tokens
+            + self.e * joins
+        )
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -77,16 +94,18 @@ PROFILES: dict[str, StepModel] = {
     # model, one core, float32, 1 GiB KV cache) on the 2-core development machine.
     "cpu-tiny": StepModel(
         name="cpu-tiny",
-        a=0.00343,
-        b=0.0000070,
-        c=0.000123,
-        d=0.0000000743,
+        a=0.00183,
+        b=0.0000168,
+        c=0.0000719,
+        d=0.000000327,
         num_blocks=32768,
         block_size=16,
         max_num_seqs=256,
         max_num_batched_tokens=2048,
         max_model_len=1024,
-        admission_s=0.0097,
+        admission_s=0.00232,
+        wake_s=0.00413,
+        e=0.00308,
         source="steersman calibrate against vLLM CPU 0.32.0 and the tiny model",
     ),
 }

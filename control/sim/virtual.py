@@ -114,7 +114,7 @@ def run_cluster(
 
     def send(decisions: Iterable[tuple[int, SimRequest]], now: float) -> None:
         for k, req in decisions:
-            delay = engines[k].model.admission_s
+            delay = engines[k].model.admission(busy[k])
             if delay > 0:
                 heapq.heappush(pending, (now + delay, next(seq), k, req))
             else:

@@ -55,6 +55,26 @@ def test_step_time_follows_the_model():
     assert second.duration == pytest.approx(0.01 + 0.1 + 0.0201)
 
 
+def test_each_request_whose_prefill_begins_costs_e_once():
+    engine = SimEngine(dataclasses.replace(UNIT, e=0.5, max_num_batched_tokens=100))
+    engine.add(SimRequest("a", 0.0, prompt_tokens=10, output_tokens=3))
+    engine.add(SimRequest("b", 0.0, prompt_tokens=150, output_tokens=3))
+    first = engine.plan()  # a's whole prompt and b's first 90 tokens: two joins
+    assert first.duration == pytest.approx(1.0 + 2 * 0.5)
+    engine.finish(first, first.duration)
+    second = engine.plan()  # b's last 60 prompt tokens and a's decode: nobody new
+    assert second.duration == pytest.approx(1.0)
+
+
+def test_a_request_waits_longer_to_reach_an_idle_engine():
+    model = dataclasses.replace(UNIT, admission_s=0.1, wake_s=2.0)
+    a = SimRequest("a", 0.0, prompt_tokens=10, output_tokens=3)
+    b = SimRequest("b", 2.5, prompt_tokens=10, output_tokens=3)  # during a's first step
+    run_cluster([a, b], [SimEngine(model)], round_robin())
+    assert a.first_token_at == pytest.approx(0.0 + 2.1 + 1.0)
+    assert b.first_token_at == pytest.approx(3.1 + 1.0)  # queued at 2.6, joins the next step
+
+
 def test_long_prompts_prefill_in_chunks_within_the_token_budget():
     engine = SimEngine(UNIT)
     r = SimRequest("long", 0.0, prompt_tokens=5000, output_tokens=2)
@@ -135,8 +155,9 @@ def _workload(n: int, rate: float) -> list[SimRequest]:
     return out
 
 
-def test_decode_runs_match_single_steps_exactly():
-    model = dataclasses.replace(PROFILES["a100-llama2-7b"], num_blocks=600)
+@pytest.mark.parametrize("extras", [{}, {"e": 0.003, "admission_s": 0.002, "wake_s": 0.004}])
+def test_decode_runs_match_single_steps_exactly(extras):
+    model = dataclasses.replace(PROFILES["a100-llama2-7b"], num_blocks=600, **extras)
 
     def run(fast: bool) -> dict[str, tuple[float, float]]:
         engines = [SimEngine(model) for _ in range(3)]
