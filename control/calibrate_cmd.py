@@ -25,7 +25,7 @@ def calibrate_command(
         int, typer.Option(min=1, help="Measurements per point; their median is fitted.")
     ] = 3,
 ) -> None:
-    """Measure prefill and decode step times and write a simulator profile (JSON)."""
+    """Measure prefill, decode and join times and write a simulator profile (JSON)."""
 
     async def capacity() -> int:
         async with httpx.AsyncClient() as client:

@@ -1,4 +1,4 @@
-"""Step-time profiles of the simulated vLLM instance: ``t = a + b*prefill + c*seqs + d*context``.
+"""Step-time profiles of a simulated vLLM instance: ``a + b*prefill + c*seqs + d*ctx + e*joins``.
 
 - ``cpu-tiny``: measured on the project's 2-core development machine with
   ``steersman calibrate`` against vLLM CPU 0.32.0 serving the tiny demo model (one core, float32).
@@ -24,7 +24,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class StepModel:
-    """One engine step: ``a + b * prefill_tokens + c * decode_seqs + d * context_tokens`` s."""
+    """One engine step: ``a + b*prefill_tokens + c*decode_seqs + d*context_tokens + e*joins`` s,
+    ``joins`` being the requests whose prefill begins in the step."""
 
     name: str
     a: float
