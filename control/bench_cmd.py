@@ -15,6 +15,8 @@ from rich.console import Console
 
 from steersman.control.model_cmd import served_model
 from steersman.control.settings import Settings
+from steersman.control.vllm_server import ServerFailed, SetupError
+from steersman.control.vllm_server import vllm_python as checked_vllm_python
 from steersman.learners.tokens import TokenCounter
 
 
@@ -48,6 +50,9 @@ def bench_command(
     vllm_python: Annotated[
         str, typer.Option(envvar="STEERSMAN_VLLM_PYTHON", help="real: vLLM CPU Python.")
     ] = ".vllm-venv/bin/python",
+    train_budget: Annotated[
+        float, typer.Option(help="Most seconds to train the length model, the first time.")
+    ] = 180.0,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Round-robin, least-load, predictive, predictive without the controller, and the oracle,
@@ -57,11 +62,17 @@ def bench_command(
     from steersman.control.demo import ensure_length_model
 
     settings: Settings = ctx.obj.settings()
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    if suite in (Suite.real, Suite.all):
+        try:
+            vllm_python = str(checked_vllm_python(vllm_python))
+        except SetupError as exc:
+            console.print(f"error: {exc}", markup=False)
+            raise typer.Exit(2) from None
     out.mkdir(parents=True, exist_ok=True)
     model_dir = served_model(settings.data_dir)
     counter = TokenCounter(model_dir)
-    length_model = ensure_length_model(settings.data_dir, counter)
+    length_model = ensure_length_model(settings.data_dir, counter, budget_s=train_budget)
     results: dict[str, Any] = {
         "command": "steersman " + shlex.join(sys.argv[1:]),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -75,10 +86,14 @@ def bench_command(
         )  # fmt: skip
     if suite in (Suite.real, Suite.all):
         console.print(f"real suite: 2 vLLM CPU servers, {real_rate} req/s", markup=False)
-        results["real"] = _real_suite(
-            settings, counter, model_dir, length_model, vllm_python, real_rate, real_duration,
-            seed, out, plots, POLICIES,
-        )  # fmt: skip
+        try:
+            results["real"] = _real_suite(
+                settings, counter, model_dir, length_model, vllm_python, real_rate, real_duration,
+                seed, out, plots, POLICIES,
+            )  # fmt: skip
+        except (SetupError, ServerFailed) as exc:
+            console.print(f"error: {exc}", markup=False)
+            raise typer.Exit(1) from None
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "report.md").write_text(report(results))
     typer.echo(str(out / "report.md"))

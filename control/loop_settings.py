@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from steersman.storage.settings import AbsolutePath
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -38,6 +40,14 @@ class InstanceSettings(_Section):
         default=True,
         description="Send vLLM priorities (the server runs --scheduling-policy priority).",
     )
+
+    @field_validator("sim", "profile")
+    @classmethod
+    def _profile_file(cls, value: str | None) -> str | None:
+        """A calibration file is named by its absolute path; a profile name stays a name."""
+        if value is not None and value.endswith(".json"):
+            return str(Path(value).expanduser().absolute())
+        return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> InstanceSettings:
@@ -78,12 +88,12 @@ class GatewaySettings(_Section):
 
 
 class PredictorSettings(_Section):
-    model_dir: Path | None = Field(
+    model_dir: AbsolutePath | None = Field(
         default=None,
         description="RoBERTa length model directory; empty uses the latest promoted version "
         "in the registry, or the fast feature-only predictor when there is none.",
     )
-    tokenizer_dir: Path | None = Field(
+    tokenizer_dir: AbsolutePath | None = Field(
         default=None,
         description="The served model's tokenizer (tokenizer.json) for prompt token counts.",
     )

@@ -27,5 +27,10 @@ def serve_command(
         raise typer.Exit(2)
     logging.getLogger().setLevel(settings.log_level)
     from steersman.control.daemon import serve  # the heavy imports only for this command
+    from steersman.control.vllm_server import SetupError
 
-    serve(settings, host, port)
+    try:
+        serve(settings, host, port)
+    except SetupError as exc:
+        typer.echo(f"error: {exc} (gateway.port, or --port)", err=True)
+        raise typer.Exit(2) from None

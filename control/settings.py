@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, value: Path) -> Path:
-        return value.expanduser()
+        return value.expanduser().absolute()
 
     @classmethod
     def settings_customise_sources(

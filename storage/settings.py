@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+# Resolved where the settings are built, before anything changes directory.
+AbsolutePath = Annotated[Path, AfterValidator(lambda p: p.expanduser().absolute())]
 
 
 class StorageSettings(BaseModel):
@@ -42,7 +46,7 @@ class StorageSettings(BaseModel):
     retry_max_s: float = Field(
         default=5.0, gt=0, description="Longest back-off between retries of a failed write."
     )
-    spill_dir: Path | None = Field(
+    spill_dir: AbsolutePath | None = Field(
         default=None,
         description="Append-only spill files for rows the database could not take yet. "
         "Empty means <data_dir>/spill.",

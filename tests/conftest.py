@@ -172,7 +172,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     """Two vLLM CPU servers on loopback, one core each, priority scheduling; always stopped."""
-    from steersman.control.vllm_server import VllmServer
+    from steersman.control.vllm_server import ServerFailed, VllmServer
 
     probe = subprocess.run([VLLM_PYTHON, "-c", "import vllm"], capture_output=True)
     if probe.returncode != 0:
@@ -186,9 +186,12 @@ def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     ]
     try:
         for server in servers:
-            server.start()
+            server.check().start()
         for server in servers:
-            server.wait_healthy(timeout_s=180)
+            try:
+                server.wait_healthy(timeout_s=180)
+            except ServerFailed as exc:
+                pytest.fail(f"{exc}\n{exc.log_tail()}")
         yield servers
     finally:
         for server in servers:

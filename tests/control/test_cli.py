@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,16 @@ def test_unreachable_database_names_the_url_with_password_masked():
 def test_sql_or_named_but_not_both():
     assert runner.invoke(app, ["query"]).exit_code == 2
     assert runner.invoke(app, ["query", "SELECT 1", "--named", "latency"]).exit_code == 2
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path):
+    config = tmp_path / "s.toml"
+    config.write_text('[[instances]]\nsim = "cpu-tiny"\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["--config", str(config), "serve", "--port", str(port)])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: port {port} on 127.0.0.1 is in use; choose another (gateway.port, or --port)"
+    ]

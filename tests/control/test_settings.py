@@ -116,3 +116,20 @@ def test_a_bad_retrain_cron_is_a_config_error_naming_the_field():
     with pytest.raises(ConfigError, match=r"jobs.retrain_cron = '61 \* \* \* \*'"):
         load_settings(overrides={"jobs": {"retrain_cron": "61 * * * *"}})
     assert load_settings(overrides={"jobs": {"retrain_cron": "0 3 * * *"}}).jobs.retrain_cron
+
+
+def test_paths_are_made_absolute_where_the_settings_are_built(tmp_path, monkeypatch):
+    """A server started in another directory must not look for a relative path there."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "s.toml"
+    config.write_text(
+        'data_dir = "run"\n[storage]\nspill_dir = "spill"\n'
+        '[predictor]\nmodel_dir = "models/m"\ntokenizer_dir = "tok"\n'
+        '[[instances]]\nsim = "cal/gpu.json"\n[[instances]]\nsim = "cpu-tiny"\n'
+    )
+    s = load_settings(config, environ={})
+    assert s.data_dir == tmp_path / "run"
+    assert s.storage.spill_dir == tmp_path / "spill"
+    assert s.predictor.model_dir == tmp_path / "models" / "m"
+    assert s.predictor.tokenizer_dir == tmp_path / "tok"
+    assert [i.sim for i in s.instances] == [str(tmp_path / "cal" / "gpu.json"), "cpu-tiny"]
