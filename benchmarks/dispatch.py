@@ -14,9 +14,9 @@ import json
 import random
 import time
 
-from steersman.control.policies import POLICIES, DispatchContext
-from steersman.control.replay import percentile
-from steersman.control.service import Instance
+from steersman.control.core.policies import POLICIES, DispatchContext
+from steersman.control.harness.replay import percentile
+from steersman.control.serve.service import Instance
 from steersman.learners.latency import LatencyModel, StepCoefficients
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import tomli_w
 
-from steersman.control.replay import percentile
-from steersman.control.vllm_server import free_port
+from steersman.control.backends.vllm_server import free_port
+from steersman.control.harness.replay import percentile
 
 
 def wait_up(url: str) -> None:

@@ -18,11 +18,11 @@ import math
 import time
 from pathlib import Path
 
-from steersman.control.eval_cmd import evaluate
-from steersman.control.replay import percentile
+from steersman.control.harness.replay import percentile
 from steersman.data import path
 from steersman.learners.corrector import BASE_KEY, LengthCorrector
 from steersman.learners.datasets import load_prompt_set
+from steersman.learners.evaluation import evaluate
 from steersman.learners.features import request_features
 from steersman.learners.hf import RobertaLengthModel
 from steersman.learners.tokens import TokenCounter

@@ -23,14 +23,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from steersman.control.backends.vllm_http import VllmHttpBackend
-from steersman.control.calibrate import fit, measure
-from steersman.control.model_cmd import ensure_tiny_model
-from steersman.control.replay import percentile, replay
+from steersman.control.backends.vllm_server import VllmServer
+from steersman.control.harness.calibrate import fit, measure
+from steersman.control.harness.replay import percentile, replay
+from steersman.control.harness.workloads import build_workload, load_trace, trace_arrivals
 from steersman.control.sim.engine import SimEngine, SimRequest
 from steersman.control.sim.profiles import load_profile
 from steersman.control.sim.virtual import round_robin, run_cluster
-from steersman.control.vllm_server import VllmServer
-from steersman.control.workloads import build_workload, load_trace, trace_arrivals
+from steersman.control.training.tiny_model import ensure_tiny_model
 from steersman.data import PROMPT_SETS, path
 from steersman.learners.datasets import load_prompt_set
 from steersman.learners.tokens import TokenCounter

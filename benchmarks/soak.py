@@ -24,8 +24,8 @@ import httpx
 import tomli_w
 
 from benchmarks.gateway_overhead import wait_up
-from steersman.control.replay import percentile
-from steersman.control.vllm_server import free_port
+from steersman.control.backends.vllm_server import free_port
+from steersman.control.harness.replay import percentile
 from steersman.data import path
 from steersman.learners.datasets import load_prompt_set
 

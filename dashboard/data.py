@@ -5,8 +5,6 @@ No Streamlit here, so every number the pages show is testable on its own. Times 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +19,7 @@ from steersman.storage.models import (
     RequestRow,
     TelemetryRow,
 )
+from steersman.storage.query import percentile
 
 REQUIRED_TABLES = ("requests", "controller_events", "telemetry", "instance_stats", "model_versions")
 
@@ -112,15 +111,6 @@ def models(engine: Engine) -> pd.DataFrame:
         m.metrics, m.path, m.notes,
     ).order_by(m.id.desc())  # fmt: skip
     return _frame(engine, query)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest rank, as the replay and the named SQL queries compute it."""
-    ordered = sorted(v for v in values if v is not None and not math.isnan(v))
-    if not ordered:
-        return None
-    rank = max(1, math.ceil(q * len(ordered)))
-    return float(ordered[rank - 1])
 
 
 def overview(reqs: pd.DataFrame, evts: pd.DataFrame, model_rows: pd.DataFrame) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 
 from river import metrics, stats, utils
@@ -10,14 +11,14 @@ from scipy.stats import kendalltau
 
 
 def within(predicted: float, actual: float, tolerance: float = 0.3) -> bool:
-    """Whether a prediction is within ``tolerance`` of the actual length (relative to actual).
+    """Whether a prediction is within ``tolerance`` of the actual length (relative to the actual
+    length, counted as at least one token). The one statement of the 30% rule: the controller's
+    misses use it too.
 
-    >>> within(130, 100), within(131, 100), within(1, 0)
-    (True, False, False)
+    >>> within(130, 100), within(131, 100), within(0, 0), within(1, 0)
+    (True, False, True, False)
     """
-    if actual <= 0:
-        return predicted <= 0
-    return abs(predicted - actual) <= tolerance * actual
+    return abs(predicted - actual) <= tolerance * max(actual, 1)
 
 
 class ProgressiveScore:
@@ -50,3 +51,24 @@ class ProgressiveScore:
             "within_30": self.hit_rate.get() if self.count else None,
             "kendall_tau": self.kendall_tau(),
         }
+
+
+def score(pairs: list[tuple[float, float]]) -> dict[str, float | None]:
+    """MAE, median relative error, within-30% rate and Kendall tau of (predicted, actual)."""
+    if not pairs:
+        return {
+            "n": 0,
+            "mae": None,
+            "median_rel_error": None,
+            "within_30": None,
+            "kendall_tau": None,
+        }
+    predicted, actual = zip(*pairs, strict=True)
+    tau = kendalltau(predicted, actual).statistic if len(pairs) > 2 else math.nan
+    return {
+        "n": len(pairs),
+        "mae": statistics.fmean(abs(p - a) for p, a in pairs),
+        "median_rel_error": statistics.median(abs(p - a) / max(a, 1.0) for p, a in pairs),
+        "within_30": statistics.fmean(within(p, a) for p, a in pairs),
+        "kendall_tau": None if math.isnan(tau) else float(tau),
+    }

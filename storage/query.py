@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,3 +218,15 @@ def named_sql(name: str, dialect: str) -> str:
     if name not in NAMED:
         raise KeyError(f"unknown named query {name!r}; valid names: {', '.join(sorted(NAMED))}")
     return NAMED[name].sql(dialect)
+
+
+def percentile(values: Iterable[float | None], q: float) -> float | None:
+    """Nearest rank, the rule the named SQL queries use; None and NaN are left out.
+
+    >>> percentile([1, 2, 3, 4], 0.5), percentile([1, 2, 3, 4], 0.99), percentile([], 0.5)
+    (2, 4, None)
+    """
+    ordered = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not ordered:
+        return None
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]

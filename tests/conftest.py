@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from steersman.control.vllm_server import free_port
+from steersman.control.backends.vllm_server import free_port
 from steersman.storage import migrate
 from steersman.storage.engine import make_engine
 from steersman.storage.models import TABLES
@@ -164,7 +164,7 @@ def count(engine: Engine, table: str = "requests") -> int:
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The tiny random Llama, built once into .cache/ and reused (about 12 s to build)."""
-    from steersman.control.model_cmd import ensure_tiny_model
+    from steersman.control.training.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(ROOT / ".cache" / "tiny-model")
 
@@ -172,7 +172,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     """Two vLLM CPU servers on loopback, one core each, priority scheduling; always stopped."""
-    from steersman.control.vllm_server import ServerFailed, VllmServer
+    from steersman.control.backends.vllm_server import ServerFailed, VllmServer
 
     probe = subprocess.run([VLLM_PYTHON, "-c", "import vllm"], capture_output=True)
     if probe.returncode != 0:

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from steersman.control import controller as ctl
-from steersman.control.policies import (
+from steersman.control.core import controller as ctl
+from steersman.control.core.policies import (
     POLICIES,
     DispatchContext,
     InstanceView,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from steersman.control.vllm_server import free_port
+from steersman.control.backends.vllm_server import free_port
 from tests.conftest import wait_until
 
 CHROMIUM_ARGS = [

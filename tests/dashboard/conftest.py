@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from steersman.control.demo import run_replay
-from steersman.control.workloads import build_workload, poisson_arrivals
+from steersman.control.harness.demo import run_replay
+from steersman.control.harness.workloads import build_workload, poisson_arrivals
 from steersman.data import path
 from steersman.learners.datasets import load_prompt_set
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
 from steersman.storage.engine import make_engine
 from steersman.storage.models import ModelVersionRow, TelemetryRow
-from tests.control.serving import running, settings_for
+from tests.control.serve.serving import running, settings_for
 
 REPLAYED = 40
 
@@ -108,6 +108,6 @@ UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/none"
 
 
 def app_path() -> Path:
-    from steersman.control.dashboard_cmd import APP
+    from steersman.control.cli.dashboard_cmd import APP
 
     return APP

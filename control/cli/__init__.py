@@ -1,0 +1,1 @@
+"""The `steersman` command line: parse, call, print."""

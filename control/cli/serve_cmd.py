@@ -1,0 +1,36 @@
+"""`steersman serve`: the long-lived daemon in front of the configured instances."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from steersman.control.serve.settings import Settings
+
+
+def serve_command(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Address to bind (gateway.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (gateway.port).", min=0)] = None,
+    db: Annotated[str | None, typer.Option("--db", help="Database URL (storage.url).")] = None,
+) -> None:
+    """Serve the OpenAI-compatible gateway with prediction, dispatch, the controller and jobs."""
+    settings: Settings = ctx.obj.settings(db=db)
+    if not settings.instances:
+        typer.echo(
+            "config error: instances: none configured; add [[instances]] tables with "
+            'url = "http://host:port" (a vLLM server) or sim = "cpu-tiny" (simulated)',
+            err=True,
+        )
+        raise typer.Exit(2)
+    logging.getLogger().setLevel(settings.log_level)
+    from steersman.control.backends.vllm_server import SetupError
+    from steersman.control.serve.daemon import serve  # the heavy imports only for this command
+
+    try:
+        serve(settings, host, port)
+    except SetupError as exc:
+        typer.echo(f"error: {exc} (gateway.port, or --port)", err=True)
+        raise typer.Exit(2) from None

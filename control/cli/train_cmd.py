@@ -1,0 +1,161 @@
+"""`steersman train`: train the RoBERTa length model on prompt/response data and register it."""
+
+from __future__ import annotations
+
+import random
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from steersman.control.serve.settings import Settings
+from steersman.control.training.length_model import SMALL, TINY, register, train_length_model
+from steersman.control.training.retrain import history_records
+from steersman.control.training.tiny_model import served_model
+from steersman.data import PROMPT_SETS, path
+from steersman.learners.datasets import PromptRecord, load_prompt_set
+from steersman.learners.tokens import TokenCounter
+from steersman.storage import migrate
+from steersman.storage.engine import (
+    DatabaseUnavailable,
+    check_connection,
+    make_engine,
+    mask_url,
+)
+
+err = Console(stderr=True, highlight=False)
+
+
+class Size(StrEnum):
+    tiny = "tiny"  # tests: hidden 32, one layer
+    small = "small"  # the offline default: hidden 128, two layers
+
+
+SIZES = {Size.tiny: TINY, Size.small: SMALL}
+
+
+def train_command(
+    ctx: typer.Context,
+    data: Annotated[list[Path] | None, typer.Option(help="JSONL prompt/response file(s).")] = None,
+    bundled: Annotated[
+        str, typer.Option(help=f"Bundled sets when no --data: {', '.join(PROMPT_SETS)}.")
+    ] = "alpaca,codealpaca,alpaca_eval",
+    base_model: Annotated[
+        Path | None,
+        typer.Option(
+            help="Local HF encoder to fine-tune (e.g. roberta-base); none trains from scratch."
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            help="Served model directory whose tokenizer counts lengths "
+            "(default: the tiny demo model)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Model directory (default: <data_dir>/models/roberta-<time>)."),
+    ] = None,
+    size: Annotated[Size, typer.Option(help="Model size when training from scratch.")] = Size.small,
+    epochs: Annotated[int, typer.Option(min=1)] = 5,
+    time_budget: Annotated[
+        float | None, typer.Option(help="Stop training after this many seconds.")
+    ] = None,
+    max_rows: Annotated[
+        int | None, typer.Option(min=10, help="Use at most this many rows.")
+    ] = None,
+    val_fraction: Annotated[float, typer.Option(min=0.05, max=0.5)] = 0.2,
+    seed: Annotated[int, typer.Option()] = 0,
+    db: Annotated[str | None, typer.Option("--db", help="Database URL for the registry.")] = None,
+    from_history: Annotated[
+        bool,
+        typer.Option(
+            "--from-history",
+            help="Train on the SQL history's finished requests (prompt text and actual tokens).",
+        ),
+    ] = False,
+    promote: Annotated[
+        bool, typer.Option(help="Mark it promoted: `steersman serve` then loads it by default.")
+    ] = False,
+) -> None:
+    """Train the length regressor on log1p(tokens), validate on held-out prompt groups, save a
+    versioned model directory and register it in model_versions."""
+    settings: Settings = ctx.obj.settings(db=db)
+    records: list[PromptRecord] = []
+    lengths: list[int] | None = None
+    named = [path(n.strip()) for n in bundled.split(",") if n.strip()]
+    sources = [] if from_history else data or named
+    if from_history:
+        try:
+            records, lengths = history_records(
+                make_engine(settings.database_url), max_rows or 20_000
+            )
+        except Exception as exc:
+            err.print(f"cannot read the SQL history at {mask_url(settings.database_url)}: {exc}",
+                      markup=False)  # fmt: skip
+            raise typer.Exit(1) from None
+        err.print(f"{len(records)} finished requests with prompt text in the history", markup=False)
+    for source in sources:
+        if not Path(source).exists():
+            err.print(f"--data {source}: no such file", markup=False)
+            raise typer.Exit(2)
+        loaded, report = load_prompt_set(Path(source))
+        err.print(report.summary(), markup=False)
+        records.extend(loaded)
+    if max_rows is not None and len(records) > max_rows and lengths is None:
+        records = random.Random(seed).sample(records, max_rows)
+    if len(records) < 10:
+        err.print(f"too few usable rows to train on: {len(records)}", markup=False)
+        raise typer.Exit(2)
+    counter = None if lengths else TokenCounter(tokenizer or served_model(settings.data_dir))
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err,
+    ) as progress:
+        task = progress.add_task("training", total=None, info="")
+
+        def tick(step: int, total: int, info: dict) -> None:
+            progress.update(
+                task,
+                completed=step,
+                total=total,
+                info=f"epoch {info['epoch']} loss {info['loss']:.3f}",
+            )
+
+        trained = train_length_model(
+            records,
+            counter,
+            out_dir=out,
+            models_dir=settings.data_dir / "models",
+            lengths=lengths,
+            base_model=base_model,
+            scratch=SIZES[size],
+            epochs=epochs,
+            time_budget_s=time_budget,
+            val_fraction=val_fraction,
+            seed=seed,
+            progress=tick,
+        )
+    target_dir, metrics, version = trained.directory, trained.metrics, trained.version
+    try:
+        engine = make_engine(settings.database_url)
+        check_connection(engine)
+        migrate.upgrade(engine)
+        register(engine, trained, notes=f"steersman train, seed {seed}", promote=promote)
+    except DatabaseUnavailable as exc:
+        err.print(f"model saved in {target_dir} but not registered: {exc}", markup=False)
+        raise typer.Exit(1) from None
+    typer.echo(str(target_dir))
+    err.print(
+        f"{version}: val MAE {metrics['val_mae_tokens']:.1f} tokens, within 30% "
+        f"{metrics['val_within_30']:.3f} ({metrics['stopped']}, "
+        f"{metrics['train_seconds']} s)",
+        markup=False,
+    )

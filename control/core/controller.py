@@ -1,0 +1,211 @@
+"""The controller: a pure state machine over finished requests (misses, fallback, compensation).
+
+``observe(state, outcome, now, config)`` and ``tick(state, now, config)`` return a new state and
+the events to record; the loop that calls them does the I/O (SQL events, corrector reset,
+an early retraining job).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from steersman.learners.metrics import within
+
+Mode = Literal["NORMAL", "FALLBACK"]
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    miss_threshold: float = 0.3
+    miss_streak: int = 5
+    fallback_s: float = 60.0
+    recover_hits: int = 5
+    initial_a: float = 1.2
+    initial_b: float = 10.0
+    a_bounds: tuple[float, float] = (0.5, 3.0)
+    b_bounds: tuple[float, float] = (0.0, 64.0)
+    adjust_every: int = 20
+    window: int = 50
+    headroom: float = 0.1
+    step: float = 0.5
+    min_change: float = 0.02
+    fallback_enabled: bool = True  # false: the 'controller disabled' baseline
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """Scheduled length = ``a * corrected + b``."""
+
+    a: float
+    b: float
+
+    def apply(self, corrected: float) -> float:
+        return self.a * corrected + self.b
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished request as the controller sees it. ``scheduled`` is the compensated prediction
+    the request was scheduled with; ``corrected`` the prediction before compensation."""
+
+    request_class: str
+    scheduled: float
+    corrected: float
+    actual: int
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "mode" or "compensation"
+    reason: str
+    from_mode: Mode | None = None
+    to_mode: Mode | None = None
+    request_class: str | None = None
+    details: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    mode: Mode = "NORMAL"
+    since: float = 0.0
+    streak: int = 0  # consecutive misses
+    shadow_hits: int = 0  # consecutive hits while in FALLBACK
+    fallback_until: float | None = None
+    fallbacks: int = 0
+    compensation: Mapping[str, Compensation] = field(default_factory=dict)
+    ratios: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # actual / scheduled
+    seen: Mapping[str, int] = field(default_factory=dict)
+
+    def compensation_for(self, request_class: str, config: ControllerConfig) -> Compensation:
+        return self.compensation.get(request_class) or Compensation(
+            config.initial_a, config.initial_b
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    state: ControllerState
+    events: tuple[Event, ...] = ()
+    miss: bool | None = None
+    hot_update: bool = False  # the loop resets the corrector and asks for early retraining
+
+
+def is_miss(scheduled: float, actual: int, max_tokens: int | None, threshold: float) -> bool:
+    """Off by more than ``threshold`` of the actual length. A request cut off by its own
+    ``max_tokens`` says only that the true length is at least that: compare against
+    ``min(prediction, max_tokens)``.
+
+    >>> is_miss(130, 100, None, 0.3), is_miss(131, 100, None, 0.3)
+    (False, True)
+    >>> is_miss(900, 64, 64, 0.3)  # censored at 64: predicting more is not a miss
+    False
+    """
+    predicted = min(scheduled, max_tokens) if max_tokens else scheduled
+    return not within(predicted, actual, threshold)
+
+
+def observe(state: ControllerState, outcome: Outcome, now: float, config: ControllerConfig) -> Step:
+    """Score one finished request; move between NORMAL and FALLBACK; adjust compensation.
+
+    >>> cfg = ControllerConfig()
+    >>> s = ControllerState()
+    >>> for t in range(5):
+    ...     step = observe(s, Outcome("chat", 300, 250, 100), float(t), cfg)
+    ...     s = step.state
+    >>> s.mode, step.hot_update, step.events[0].reason
+    ('FALLBACK', True, '5 consecutive misses over 30%')
+    """
+    miss = is_miss(outcome.scheduled, outcome.actual, outcome.max_tokens, config.miss_threshold)
+    events: list[Event] = []
+    hot = False
+    if state.mode == "NORMAL":
+        streak = state.streak + 1 if miss else 0
+        state = replace(state, streak=streak)
+        if config.fallback_enabled and streak >= config.miss_streak:
+            state = replace(
+                state,
+                mode="FALLBACK",
+                since=now,
+                fallback_until=now + config.fallback_s,
+                shadow_hits=0,
+                fallbacks=state.fallbacks + 1,
+            )
+            hot = True
+            events.append(
+                Event(
+                    "mode",
+                    f"{streak} consecutive misses over {config.miss_threshold:.0%}",
+                    "NORMAL",
+                    "FALLBACK",
+                    details={"streak": streak, "until_s": config.fallback_s},
+                )
+            )
+    else:
+        shadow = 0 if miss else state.shadow_hits + 1
+        state = replace(state, shadow_hits=shadow, streak=state.streak + 1 if miss else 0)
+        if shadow >= config.recover_hits:
+            events.append(_back(state, f"shadow predictions recovered: {shadow} hits in a row"))
+            state = _normal(state, now)
+        else:
+            step = tick(state, now, config)
+            state, events = step.state, list(step.events)
+    state, change = _compensate(state, outcome, config)
+    if change is not None:
+        events.append(change)
+    return Step(state, tuple(events), miss, hot)
+
+
+def tick(state: ControllerState, now: float, config: ControllerConfig) -> Step:
+    """Time passing: FALLBACK ends after ``fallback_s`` even with no traffic."""
+    if (
+        state.mode == "FALLBACK"
+        and state.fallback_until is not None
+        and now >= state.fallback_until
+    ):
+        event = _back(state, f"fallback ended after {config.fallback_s:g} s")
+        return Step(_normal(state, now), (event,))
+    return Step(state)
+
+
+def _back(state: ControllerState, reason: str) -> Event:
+    return Event("mode", reason, "FALLBACK", "NORMAL", details={"shadow_hits": state.shadow_hits})
+
+
+def _normal(state: ControllerState, now: float) -> ControllerState:
+    return replace(state, mode="NORMAL", since=now, streak=0, shadow_hits=0, fallback_until=None)
+
+
+def _compensate(
+    state: ControllerState, outcome: Outcome, config: ControllerConfig
+) -> tuple[ControllerState, Event | None]:
+    """Every ``adjust_every`` outcomes of a class, scale (a, b) so that the median scheduled
+    length sits ``headroom`` above the actual one, moving ``step`` of the way, within bounds.
+    Censored outcomes say nothing about the true length and are left out."""
+    cls = outcome.request_class
+    censored = outcome.max_tokens is not None and outcome.actual >= outcome.max_tokens
+    if censored or outcome.scheduled <= 0 or outcome.actual <= 0:
+        return state, None
+    ratios = (*state.ratios.get(cls, ()), outcome.actual / outcome.scheduled)[-config.window :]
+    seen = state.seen.get(cls, 0) + 1
+    state = replace(state, ratios={**state.ratios, cls: ratios}, seen={**state.seen, cls: seen})
+    if seen % config.adjust_every:
+        return state, None
+    old = state.compensation_for(cls, config)
+    factor = statistics.median(ratios) * (1 + config.headroom)
+    scale = 1 + config.step * (factor - 1)
+    a = min(max(old.a * scale, config.a_bounds[0]), config.a_bounds[1])
+    b = min(max(old.b * scale, config.b_bounds[0]), config.b_bounds[1])
+    if abs(a - old.a) < config.min_change:
+        return state, None
+    new = Compensation(round(a, 4), round(b, 3))
+    state = replace(state, compensation={**state.compensation, cls: new})
+    return state, Event(
+        "compensation",
+        f"median actual/scheduled {statistics.median(ratios):.2f} over {len(ratios)} requests",
+        request_class=cls,
+        details={"a": new.a, "b": new.b, "previous_a": old.a, "previous_b": old.b},
+    )

@@ -1,0 +1,1 @@
+"""Workloads, replay, calibration, benchmarks, the demo and their plots."""

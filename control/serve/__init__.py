@@ -1,0 +1,1 @@
+"""The serving shell: gateway, admission, daemon, jobs and checkpoints around the core."""

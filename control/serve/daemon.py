@@ -1,0 +1,478 @@
+"""`steersman serve`: wires the whole loop from the settings tree and runs it under uvicorn.
+
+SIGTERM (or Ctrl-C) stops intake, lets in-flight requests finish for ``drain_timeout_s``, writes
+a last checkpoint, flushes the history writer and exits 0. On start the learned state comes back
+from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from steersman.control.backends.sim import SimBackend
+from steersman.control.backends.vllm_http import VllmHttpBackend
+from steersman.control.backends.vllm_server import check_port
+from steersman.control.core.controller import ControllerConfig
+from steersman.control.serve import checkpoint as ckpt
+from steersman.control.serve.gateway import create_app, discover_models
+from steersman.control.serve.jobs import Jobs
+from steersman.control.serve.metrics import Metrics
+from steersman.control.serve.predictor import Predictor
+from steersman.control.serve.sections import InstanceSettings
+from steersman.control.serve.service import Instance, Steersman
+from steersman.control.serve.settings import Settings
+from steersman.control.sim.profiles import StepModel, load_profile
+from steersman.control.training.retrain import Retrainer
+from steersman.learners.batching import MicroBatcher
+from steersman.learners.corrector import LengthCorrector
+from steersman.learners.latency import LatencyModel, StepCoefficients
+from steersman.learners.tokens import TokenCounter
+from steersman.storage import migrate
+from steersman.storage.engine import DatabaseUnavailable, make_engine
+from steersman.storage.registry import model_versions
+from steersman.storage.retention import apply_retention
+from steersman.storage.writer import HistoryWriter
+from steersman.telemetry.gpus import make_sampler
+from steersman.telemetry.instances import InstanceScraper
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL_PROFILE = "a100-llama2-7b"
+
+
+def controller_config(settings: Settings) -> ControllerConfig:
+    c = settings.controller
+    return ControllerConfig(
+        miss_threshold=c.miss_threshold,
+        miss_streak=c.miss_streak,
+        fallback_s=c.fallback_s,
+        recover_hits=c.recover_hits,
+        initial_a=c.compensation_a,
+        initial_b=c.compensation_b,
+        a_bounds=(c.a_min, c.a_max),
+        b_bounds=(0.0, c.b_max),
+        adjust_every=c.adjust_every,
+        window=c.window,
+        headroom=c.headroom,
+        fallback_enabled=c.enabled,
+    )
+
+
+def prior(profile: StepModel, context_tokens: int = 512) -> StepCoefficients:
+    """A profile's step model at a typical context, as the latency model's starting point."""
+    per_seq = profile.c + profile.d * context_tokens
+    return StepCoefficients(profile.a, per_seq, profile.b)
+
+
+def make_instance(spec: InstanceSettings, settings: Settings, count: Callable | None) -> Instance:
+    g = settings.gateway
+    profile = load_profile(spec.profile or spec.sim or DEFAULT_URL_PROFILE)
+    if spec.sim is not None:
+        backend: Any = SimBackend(spec.label, load_profile(spec.sim), count_tokens=count)
+    else:
+        key = spec.api_key.get_secret_value() if spec.api_key else None
+        backend = VllmHttpBackend(
+            spec.label,
+            spec.url or "",
+            connect_timeout_s=g.connect_timeout_s,
+            read_timeout_s=g.read_timeout_s,
+            api_key=key,
+        )
+    return Instance(
+        spec.label,
+        backend,
+        LatencyModel(prior(profile)),
+        cap=spec.max_in_flight,
+        send_priority=spec.priority,
+    )
+
+
+def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None, Path | None]:
+    """(RoBERTa model or None, its version, its directory). A directory that cannot be loaded
+    is reported and the fast predictor serves instead: the daemon starts either way."""
+    directory = settings.predictor.model_dir
+    version = None
+    if directory is None:
+        try:
+            promoted = [v for v in model_versions(engine) if v.get("status") == "promoted"]
+        except Exception:
+            promoted = []
+        if not promoted:
+            return None, None, None
+        directory, version = Path(promoted[-1]["path"]), promoted[-1]["version"]
+    from steersman.learners.hf import RobertaLengthModel  # torch loads only when needed
+
+    try:
+        model = RobertaLengthModel.load(directory, device=settings.predictor.device)
+    except Exception as exc:
+        log.error("length model %s cannot be loaded (%s): using the fast predictor", directory, exc)
+        return None, None, None
+    if version is None:
+        meta = Path(directory) / "steersman.json"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            version = json.loads(meta.read_text()).get("version")
+    return model, version or Path(directory).name, Path(directory)
+
+
+class Daemon:
+    """Everything ``serve`` runs, built from settings; ``app`` is the ASGI application."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        s = settings
+        self.engine = make_engine(s.database_url, busy_timeout_ms=s.storage.sqlite_busy_timeout_ms)
+        with contextlib.suppress(DatabaseUnavailable):
+            migrate.upgrade(self.engine)
+        st = s.storage
+        self.writer = HistoryWriter(
+            self.engine,
+            s.spill_dir,
+            batch_size=st.batch_size,
+            flush_interval_s=st.flush_interval_s,
+            queue_size=st.queue_size,
+            retry_initial_s=st.retry_initial_s,
+            retry_max_s=st.retry_max_s,
+        )
+        self.sampler = (
+            make_sampler(s.telemetry, sink=lambda row: self.writer.submit("telemetry", row))
+            if s.telemetry.enabled
+            else None
+        )
+        count = None
+        if s.predictor.tokenizer_dir is not None:
+            count = TokenCounter(s.predictor.tokenizer_dir).count
+        model, version, self.model_dir = load_length_model(s, self.engine)
+        self.batcher = None
+        if model is not None:
+            self.batcher = MicroBatcher(
+                _tokens_of(model),
+                max_batch=s.predictor.max_batch,
+                max_wait_s=s.predictor.max_wait_ms / 1000,
+            )
+        corrector = LengthCorrector(lr=s.predictor.corrector_lr, max_tokens=s.predictor.max_tokens)
+        predictor = Predictor(
+            corrector,
+            self.batcher,
+            deadline_s=s.predictor.deadline_ms / 1000,
+            count_tokens=count,
+            model_version=version,
+        )
+        self.metrics = Metrics(self.sampler.latest if self.sampler else None)
+        d = s.dispatch
+        self.service = Steersman(
+            [make_instance(spec, s, count) for spec in s.instances],
+            predictor,
+            record=self.writer.submit,
+            metrics=self.metrics,
+            policy=d.policy,
+            controller=controller_config(s),
+            aging_s=d.aging_s,
+            impact_weight=d.impact_weight,
+            max_queue=d.max_queue,
+            queue_timeout_s=d.queue_timeout_s,
+            retries=s.gateway.retries,
+            store_prompts=s.storage.store_prompts,
+            max_tokens_is_length=s.predictor.max_tokens_is_length,
+            telemetry=self.sampler.features if self.sampler else dict,
+            on_hot_update=self._hot_update,
+        )
+        if s.predictor.model_dir is not None and model is None:
+            self.event(
+                "model",
+                f"refused {s.predictor.model_dir}: cannot be loaded; the fast predictor serves",
+                {"path": str(s.predictor.model_dir)},
+            )
+        self.checkpoint_path = s.data_dir / "checkpoints" / "state.pkl"
+        self._checkpointing = threading.Lock()
+        self.restore()
+        self.retrainer = Retrainer(
+            self.engine,
+            s.data_dir / "models",
+            swap=self.swap_model,
+            event=self.event,
+            current=lambda: (self.model_dir, self.service.predictor.model_version),
+            budget_s=s.jobs.retrain_budget_s,
+            max_rows=s.jobs.retrain_rows,
+            device=s.predictor.device,
+        )
+        scheduled = s.jobs.retrain_interval_s or s.jobs.retrain_cron
+        j = s.jobs
+        self.jobs = Jobs(
+            checkpoint=self.save_checkpoint,
+            checkpoint_interval_s=j.checkpoint_interval_s,
+            retention=self.retention,
+            retention_interval_s=j.retention_interval_s,
+            retrain=self.retrainer.run if scheduled or j.retrain_on_fallback else None,
+            retrain_interval_s=j.retrain_interval_s,
+            retrain_cron=j.retrain_cron,
+        )
+        self.app = create_app(self.service, s.gateway, lifespan=self.lifespan)
+        self._stop = asyncio.Event()
+
+    # -- the length model ----------------------------------------------------------------------
+
+    def swap_model(self, model: Any, version: str, directory: Path | None = None) -> None:
+        """Serve ``model`` from the next inference batch on; no request is dropped or stalled.
+        The corrector's residuals were learned against the old model, so they start over."""
+        predictor = self.service.predictor
+        if self.batcher is None:
+            self.batcher = MicroBatcher(
+                _tokens_of(model),
+                max_batch=self.settings.predictor.max_batch,
+                max_wait_s=self.settings.predictor.max_wait_ms / 1000,
+            )
+            predictor.batcher = self.batcher
+        else:
+            self.batcher.swap(_tokens_of(model))
+        previous = predictor.model_version
+        predictor.model_version = version
+        predictor.corrector.reset()
+        self.model_dir = directory or self.settings.data_dir / "models" / version
+        self.event("model", f"serving {version} (was {previous or 'the fast predictor'})", {})
+
+    def swap_from(self, directory: Path) -> bool:
+        """Hot-swap to a model directory; one that does not load is refused, the current model
+        stays and an event says why."""
+        from steersman.learners.hf import RobertaLengthModel
+
+        try:
+            model = RobertaLengthModel.load(directory, device=self.settings.predictor.device)
+        except Exception as exc:
+            self.event("model", f"refused {directory}: {exc}", {"path": str(directory)})
+            return False
+        self.swap_model(model, Path(directory).name, Path(directory))
+        return True
+
+    def event(self, kind: str, reason: str, details: dict[str, Any]) -> None:
+        log.info("%s: %s", kind, reason)
+        row = {"ts": datetime.now(UTC), "kind": kind, "reason": reason, "details": details}
+        self.writer.submit("controller_events", row)
+
+    def _hot_update(self, reason: str) -> None:
+        if self.settings.jobs.retrain_on_fallback:
+            self.jobs.retrain_now(reason)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        with self._checkpointing:  # the periodic job and the final one at shutdown
+            self._save_checkpoint()
+
+    def _save_checkpoint(self) -> None:
+        svc = self.service
+        checkpoint = ckpt.Checkpoint(
+            saved_at=time.time(),
+            corrector=svc.predictor.corrector,
+            latency={name: i.latency for name, i in svc.instances.items()},
+            controller=svc.state,
+            model_version=svc.predictor.model_version,
+            clock_offset=time.time() - svc.clock(),
+        )
+        try:
+            ckpt.save(self.checkpoint_path, checkpoint)
+        except OSError as exc:
+            log.error("checkpoint not written: %s", exc)
+
+    def restore(self) -> None:
+        checkpoint = ckpt.load(self.checkpoint_path)
+        if checkpoint is None:
+            return
+        svc = self.service
+        svc.predictor.corrector = checkpoint.corrector
+        for name, model in checkpoint.latency.items():
+            if name in svc.instances:
+                svc.instances[name].latency = model
+                svc.instances[name].refresh()
+        # Monotonic times of the old process, moved onto this one's clock.
+        shift = checkpoint.clock_offset - (time.time() - svc.clock())
+        state = checkpoint.controller
+        until = None if state.fallback_until is None else state.fallback_until + shift
+        svc.state = replace(state, since=state.since + shift, fallback_until=until)
+        svc.metrics.set_mode(svc.state.mode)
+
+    def retention(self) -> None:
+        j = self.settings.jobs
+        try:
+            done = apply_retention(
+                self.engine, datetime.now(UTC), j.telemetry_retention_days, j.downsample_after_days
+            )
+            log.info("telemetry retention: %s", done)
+        except Exception as exc:
+            log.warning("telemetry retention skipped: %s", exc)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self.writer.start()
+        if self.sampler is not None:
+            self.sampler.start()
+        await discover_models(app, self.service)
+        self.jobs.start()
+        tasks = [
+            asyncio.create_task(self._every(self.settings.gateway.health_interval_s, self._health)),
+            asyncio.create_task(self._every(1.0, self._tick)),
+            asyncio.create_task(self._load_loop()),
+        ]
+        log.info("steersman serving %d instance(s)", len(self.service.instances))
+        try:
+            yield
+        finally:
+            self._stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.jobs.shutdown()
+            self.save_checkpoint()
+            for instance in self.service.instances.values():
+                await instance.backend.aclose()
+            self.close()
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.sampler is not None:
+            self.sampler.stop()
+        self.writer.close(timeout=self.settings.gateway.drain_timeout_s)
+        self.engine.dispose()
+
+    async def _every(self, period_s: float, step: Callable[[], Any]) -> None:
+        while not self._stop.is_set():
+            try:
+                result = step()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("periodic task failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), period_s)
+
+    async def _health(self) -> None:
+        await self.service.check_health()
+        if not self.app.state.models:
+            await discover_models(self.app, self.service)
+
+    def _sim_stats(self, instance: Instance) -> dict[str, Any]:
+        engine = instance.backend.engine
+        return {
+            "ts": datetime.now(UTC),
+            "instance": instance.name,
+            "healthy": instance.healthy,
+            "running": len(engine.running),
+            "waiting": engine.waiting,
+            "kv_cache_usage": instance.kv_usage,
+            "preemptions_total": float(engine.stats.preemptions),
+            "in_flight": len(instance.in_flight),
+        }
+
+    def _tick(self) -> None:
+        self.service.tick()
+
+    async def _load_loop(self) -> None:
+        """KV usage and queue length of each instance: straight from a simulated engine, from
+        /metrics scrapes of a vLLM server (also recorded as instance_stats rows)."""
+        t = self.settings.telemetry
+        urls = {
+            i.name: i.backend.base_url
+            for i in self.service.instances.values()
+            if isinstance(i.backend, VllmHttpBackend)
+        }
+        async with httpx.AsyncClient() as client:
+            scraper = InstanceScraper(
+                urls,
+                client,
+                interval_s=t.scrape_interval_s,
+                timeout_s=t.scrape_timeout_s,
+                sink=lambda row: self.writer.submit("instance_stats", row),
+            )
+
+            next_row = 0.0
+
+            async def step() -> None:
+                nonlocal next_row
+                if urls:
+                    await scraper.scrape_once()
+                record = time.monotonic() >= next_row
+                if record:
+                    next_row = time.monotonic() + t.aggregate_s
+                for instance in self.service.instances.values():
+                    if isinstance(instance.backend, SimBackend):
+                        instance.kv_usage, instance.waiting = instance.backend.load()
+                        if record:  # scraped vLLM servers get their rows from the scraper
+                            self.writer.submit("instance_stats", self._sim_stats(instance))
+                    elif (state := scraper.states.get(instance.name)) and state.reachable:
+                        m = state.metrics
+                        assert m is not None
+                        instance.kv_usage = m.kv_cache_usage
+                        instance.waiting = round(m.waiting or 0)
+                    instance.refresh()
+
+            await self._every(t.scrape_interval_s, step)
+
+
+class GatewayFailed(RuntimeError):
+    """The gateway could not start."""
+
+
+@contextlib.contextmanager
+def serving(daemon: Daemon, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The daemon served from a background thread (the demo, tests); yields its base URL.
+    On exit it drains, checkpoints and flushes like a SIGTERM would."""
+    if port:
+        check_port(port, host)
+    config = uvicorn.Config(daemon.app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="steersman-gateway", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)  # uvicorn has no start event; its flag is set on the server's loop
+    if not server.started:
+        raise GatewayFailed(f"the gateway did not start on {host}:{port}")
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+def _tokens_of(model: Any) -> Callable[[list[str]], list[float]]:
+    return lambda texts: [math.expm1(v) for v in model.predict_log(texts)]
+
+
+def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:
+    """Run the daemon until SIGTERM/SIGINT; returns after a clean drain."""
+    g = settings.gateway
+    bind_port = g.port if port is None else port
+    if bind_port:
+        check_port(bind_port, host or g.host)
+    daemon = Daemon(settings)
+    config = uvicorn.Config(
+        daemon.app,
+        host=host or g.host,
+        port=bind_port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=g.drain_timeout_s,
+        access_log=False,
+    )
+    # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
+    # with this one in place the drained process exits 0 instead of dying by the signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.Server(config).run()

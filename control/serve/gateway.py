@@ -1,0 +1,386 @@
+"""The OpenAI-compatible HTTP gateway (FastAPI): /v1 completions and chat, models, health,
+metrics and read-only admin state. Errors use OpenAI's error shape; client mistakes are 4xx."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from steersman.control.backends.base import BackendError, UpstreamRejected
+from steersman.control.serve.admission import QueueFull, QueueTimeout
+from steersman.control.serve.sections import GatewaySettings
+from steersman.control.serve.service import Steersman
+
+MAX_TOKENS_LIMIT = 1_000_000
+
+
+class CompletionBody(BaseModel):
+    """An OpenAI completion request; fields steersman does not read pass through to vLLM."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=256)
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    stream: bool = False
+    stream_options: dict[str, bool] | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
+    stream: bool = False
+    stream_options: dict[str, bool] | None = None
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", **extra: Any
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.extra = extra
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: Any = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _error_response(exc: ApiError) -> JSONResponse:
+    body = error_body(exc.message, exc.kind, exc.extra.get("param"), exc.extra.get("code"))
+    return JSONResponse(body, status_code=exc.status)
+
+
+class BodyLimit:
+    """Buffers the request body up to ``max_bytes``; a larger one is answered 413 at once."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        declared = headers.get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._too_large(send)
+                return
+            if not message.get("more_body"):
+                break
+        buffered: list[Message] = [{"type": "http.request", "body": b"".join(chunks)}]
+
+        async def replay() -> Message:
+            return buffered.pop() if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send) -> None:
+        body = error_body(
+            f"request body is larger than {self.max_bytes} bytes", "invalid_request_error"
+        )
+        await JSONResponse(body, status_code=413)({"type": "http"}, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def _keys_check(keys: list[SecretStr], admin: list[SecretStr] | None = None) -> Callable:
+    """A dependency: 401 without a valid bearer key; 403 for an inference key on admin paths."""
+    wanted = [k.get_secret_value().encode() for k in keys]
+    known = wanted + [k.get_secret_value().encode() for k in admin or []]
+
+    def check(request: Request) -> None:
+        if not wanted:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip().encode() if header.lower().startswith("bearer ") else b""
+        # Compare against every key so the time taken does not say which one nearly matched.
+        matches = [hmac.compare_digest(token, key) for key in known]
+        if any(matches[: len(wanted)]):
+            return
+        if any(matches):
+            raise ApiError(403, "this key may not use this endpoint", "permission_error")
+        raise ApiError(
+            401, "missing or invalid API key", "authentication_error", code="invalid_api_key"
+        )
+
+    return check
+
+
+def create_app(
+    service: Steersman,
+    settings: GatewaySettings,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+) -> FastAPI:
+    app = FastAPI(title="steersman", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.state.models = []  # OpenAI model cards, filled by discover_models
+    inference = Depends(_keys_check(settings.api_keys))
+    admin = Depends(_keys_check(settings.admin_api_keys, settings.api_keys))
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        if first.get("type") == "json_invalid":
+            message = "request body is not valid JSON"
+        else:
+            message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
+        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+
+    @app.post("/v1/completions", dependencies=[inference])
+    async def completions(body: CompletionBody) -> Response:
+        data = body.model_dump(exclude_unset=True)
+        if body.prompt in ("", []) or (isinstance(body.prompt, list) and "" in body.prompt):
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+        return await _serve(app, service, "completion", data, body.stream)
+
+    @app.post("/v1/chat/completions", dependencies=[inference])
+    async def chat(body: ChatBody) -> Response:
+        data = body.model_dump(exclude_unset=True)
+        if not any(m.content for m in body.messages):
+            raise ApiError(400, "messages must carry some content", param="messages")
+        return await _serve(app, service, "chat", data, body.stream)
+
+    @app.get("/v1/models", dependencies=[inference])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": app.state.models}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        up = sum(1 for i in service.instances.values() if i.healthy)
+        status = 200 if up else 503
+        body = {"status": "ok" if up else "no healthy instance", "instances_up": up}
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/admin/state", dependencies=[admin])
+    async def state() -> dict[str, Any]:
+        return service.snapshot()
+
+    return app
+
+
+async def discover_models(app: FastAPI, service: Steersman) -> None:
+    """Ask the instances which models they serve (the union, first card of each id)."""
+    cards: dict[str, dict[str, Any]] = {}
+    for instance in service.instances.values():
+        for card in await instance.backend.models():
+            cards.setdefault(str(card["id"]), card)
+    if cards:
+        app.state.models = list(cards.values())
+
+
+def _check_model(app: FastAPI, data: dict[str, Any], prompt_tokens: int | None) -> None:
+    cards = {c["id"]: c for c in app.state.models}
+    if not cards:
+        return  # nobody answered yet: let the instance judge
+    card = cards.get(data["model"])
+    if card is None:
+        raise ApiError(
+            404,
+            f"The model `{data['model']}` does not exist. Available: {', '.join(cards)}",
+            "not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+    window = card.get("max_model_len")
+    if isinstance(window, int) and prompt_tokens is not None and prompt_tokens >= window:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {window} tokens; the prompt has "
+            f"{prompt_tokens} tokens. Shorten the prompt.",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+
+
+async def _serve(
+    app: FastAPI, service: Steersman, kind: str, data: dict[str, Any], stream: bool
+) -> Response:
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    job = await service.prepare(request_id, kind, data)
+    try:
+        _check_model(app, data, job.prediction.prompt_tokens)
+    except ApiError as exc:
+        service.reject(job, exc.message)
+        raise
+    chunks = service.run(job)
+    try:
+        first = await anext(chunks, None)
+    except Exception as exc:
+        raise _api_error(exc) from None
+    options = data.get("stream_options") or {}
+    if stream:
+        return StreamingResponse(
+            _sse(request_id, first, chunks, options), media_type="text/event-stream"
+        )
+    return await _collect(request_id, kind, data, first, chunks)
+
+
+def _api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, UpstreamRejected):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        message = inner.get("message") if isinstance(inner.get("message"), str) else str(exc)
+        status = exc.status if 400 <= exc.status < 500 else 400
+        return ApiError(status, message)
+    if isinstance(exc, QueueFull):
+        return ApiError(429, f"steersman is at capacity: {exc}", "rate_limit_error")
+    if isinstance(exc, QueueTimeout | BackendError):
+        return ApiError(503, f"no instance could serve the request: {exc}", "server_error")
+    return ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+def _shape(request_id: str, chunk: dict[str, Any], options: dict[str, Any]) -> dict | None:
+    """An upstream chunk as the client asked for it: our id; usage only when requested."""
+    chunk = {**chunk, "id": request_id}
+    if not chunk.get("choices"):
+        return chunk if options.get("include_usage") else None
+    if not options.get("continuous_usage_stats"):
+        chunk.pop("usage", None)
+    return chunk
+
+
+async def _sse(
+    request_id: str,
+    first: dict[str, Any] | None,
+    chunks: AsyncIterator[dict[str, Any]],
+    options: dict[str, Any],
+) -> AsyncIterator[bytes]:
+    last_usage = None
+    last_object = "text_completion"
+    final_usage_sent = False
+    try:
+        pending = [first] if first is not None else []
+        while True:
+            chunk = pending.pop() if pending else await anext(chunks, None)
+            if chunk is None:
+                break
+            last_usage = chunk.get("usage") or last_usage
+            last_object = chunk.get("object", last_object)
+            final_usage_sent = final_usage_sent or not chunk.get("choices")
+            shaped = _shape(request_id, chunk, options)
+            if shaped is not None:
+                yield f"data: {json.dumps(shaped)}\n\n".encode()
+        if options.get("include_usage") and not final_usage_sent and last_usage:
+            tail = {
+                "id": request_id,
+                "object": last_object,
+                "created": int(time.time()),
+            }
+            yield f"data: {json.dumps({**tail, 'choices': [], 'usage': last_usage})}\n\n".encode()
+    except Exception as exc:
+        error = _api_error(exc)
+        body = error_body(error.message, error.kind)
+        yield f"data: {json.dumps(body)}\n\n".encode()
+    finally:
+        await chunks.aclose()  # a client that left mid-stream cancels the upstream request
+    yield b"data: [DONE]\n\n"
+
+
+async def _collect(
+    request_id: str,
+    kind: str,
+    data: dict[str, Any],
+    first: dict[str, Any] | None,
+    chunks: AsyncIterator[dict[str, Any]],
+) -> JSONResponse:
+    texts: dict[int, str] = {}
+    finish: dict[int, str | None] = {}
+    usage: dict[str, Any] | None = None
+    model = data.get("model")
+    created = int(time.time())
+    try:
+        chunk = first
+        while chunk is not None:
+            usage = chunk.get("usage") or usage
+            model = chunk.get("model", model)
+            created = chunk.get("created", created)
+            for choice in chunk.get("choices") or ():
+                index = choice.get("index", 0)
+                delta = choice.get("text")
+                if delta is None:
+                    delta = (choice.get("delta") or {}).get("content")
+                texts[index] = texts.get(index, "") + (delta or "")
+                finish[index] = choice.get("finish_reason") or finish.get(index)
+            chunk = await anext(chunks, None)
+    except Exception as exc:
+        return _error_response(_api_error(exc))
+    if kind == "chat":
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": texts[i]},
+                "logprobs": None,
+                "finish_reason": finish.get(i),
+            }
+            for i in sorted(texts)
+        ]
+        obj = "chat.completion"
+    else:
+        choices = [
+            {"index": i, "text": texts[i], "logprobs": None, "finish_reason": finish.get(i)}
+            for i in sorted(texts)
+        ]
+        obj = "text_completion"
+    body = {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
+    return JSONResponse(body)

@@ -1,0 +1,193 @@
+"""Settings of the control loop: instances, gateway, predictor, controller, dispatch and jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from steersman.control.serve.jobs import check_cron
+from steersman.storage.settings import AbsolutePath
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InstanceSettings(_Section):
+    """One serving instance: a real vLLM server (``url``) or a simulated one (``sim``)."""
+
+    name: str | None = Field(default=None, description="Name in metrics and history.")
+    url: str | None = Field(default=None, description="Base URL of a vLLM OpenAI server.")
+    sim: str | None = Field(
+        default=None,
+        description="A simulated instance: a profile name or a calibration .json file.",
+    )
+    max_in_flight: int = Field(
+        default=32,
+        ge=1,
+        le=100_000,
+        description="Most requests steersman keeps at this instance; the rest wait in "
+        "steersman's queue, ordered by predicted length.",
+    )
+    api_key: SecretStr | None = Field(default=None, description="Bearer token for the instance.")
+    profile: str | None = Field(
+        default=None,
+        description="Step-time profile (name or .json file) the latency model starts from; "
+        "empty: the sim profile, or a100-llama2-7b for a url.",
+    )
+    priority: bool = Field(
+        default=True,
+        description="Send vLLM priorities (the server runs --scheduling-policy priority).",
+    )
+
+    @field_validator("sim", "profile")
+    @classmethod
+    def _profile_file(cls, value: str | None) -> str | None:
+        """A calibration file is named by its absolute path; a profile name stays a name."""
+        if value is not None and value.endswith(".json"):
+            return str(Path(value).expanduser().absolute())
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> InstanceSettings:
+        if (self.url is None) == (self.sim is None):
+            raise ValueError("give exactly one of url (a vLLM server) or sim (a profile)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or (self.url or f"sim-{self.sim}")
+
+
+class GatewaySettings(_Section):
+    host: str = Field(default="127.0.0.1", description="Address to bind; loopback by default.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port to listen on.")
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="Bearer keys for /v1; empty means no key is needed."
+    )
+    admin_api_keys: list[SecretStr] = Field(
+        default_factory=list, description="Bearer keys for /admin; empty means no key is needed."
+    )
+    max_body_bytes: int = Field(
+        default=4_000_000, ge=1024, description="Larger request bodies get 413."
+    )
+    connect_timeout_s: float = Field(default=2.0, gt=0, description="Connect deadline upstream.")
+    read_timeout_s: float = Field(
+        default=120.0, gt=0, description="Longest silence on an upstream stream."
+    )
+    retries: int = Field(
+        default=1, ge=0, le=5, description="Retries elsewhere of a request that never started."
+    )
+    health_interval_s: float = Field(default=2.0, gt=0, description="Instance /health period.")
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish."
+    )
+
+
+class PredictorSettings(_Section):
+    model_dir: AbsolutePath | None = Field(
+        default=None,
+        description="RoBERTa length model directory; empty uses the latest promoted version "
+        "in the registry, or the fast feature-only predictor when there is none.",
+    )
+    tokenizer_dir: AbsolutePath | None = Field(
+        default=None,
+        description="The served model's tokenizer (tokenizer.json) for prompt token counts.",
+    )
+    deadline_ms: float = Field(
+        default=25.0, gt=0, description="Longest wait for RoBERTa before the fast prediction."
+    )
+    max_batch: int = Field(default=32, ge=1, description="Most prompts in one inference batch.")
+    max_wait_ms: float = Field(default=2.0, ge=0, description="Longest wait to fill a batch.")
+    device: str = Field(default="cpu", description="cpu or cuda[:N].")
+    max_tokens_is_length: bool = Field(
+        default=False,
+        description="Benchmarks and the demo: clients set max_tokens to the true response "
+        "length (with ignore_eos), so it is neither used as a hint nor treated as a cut-off.",
+    )
+    corrector_lr: float = Field(default=0.02, gt=0, description="Corrector learning rate.")
+    max_tokens: int = Field(
+        default=32768, ge=1, description="Upper clamp of predictions without max_tokens."
+    )
+
+
+class ControllerSettings(_Section):
+    miss_threshold: float = Field(
+        default=0.3, gt=0, description="A miss: off by more than this share of the actual length."
+    )
+    miss_streak: int = Field(default=5, ge=1, description="Consecutive misses that start FALLBACK.")
+    fallback_s: float = Field(default=60.0, gt=0, description="Longest FALLBACK period.")
+    recover_hits: int = Field(
+        default=5, ge=1, description="Consecutive shadow hits that end FALLBACK early."
+    )
+    compensation_a: float = Field(default=1.2, gt=0, description="Initial a in a*length + b.")
+    compensation_b: float = Field(default=10.0, ge=0, description="Initial b in a*length + b.")
+    a_min: float = Field(default=0.5, gt=0, description="Lowest a.")
+    a_max: float = Field(default=3.0, gt=0, description="Highest a.")
+    b_max: float = Field(default=64.0, ge=0, description="Highest b.")
+    adjust_every: int = Field(
+        default=20, ge=1, description="Requests of a class between compensation adjustments."
+    )
+    window: int = Field(default=50, ge=1, description="Recent requests a class adjusts from.")
+    headroom: float = Field(
+        default=0.1, ge=0, description="How far above the actual length scheduling aims."
+    )
+    enabled: bool = Field(
+        default=True, description="false: never fall back (the 'controller disabled' baseline)."
+    )
+
+
+class DispatchSettings(_Section):
+    policy: Literal["predictive", "least-load", "round-robin", "random", "oracle"] = Field(
+        default="predictive", description="Dispatch policy in NORMAL mode."
+    )
+    aging_s: float = Field(
+        default=1.0, gt=0, description="Waiting this long outranks a prediction twice as short."
+    )
+    impact_weight: float = Field(
+        default=1.0, ge=0, description="predictive: weight of the delay added to others."
+    )
+    max_queue: int = Field(default=10_000, ge=0, description="Queued requests beyond this: 429.")
+    queue_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait in the queue.")
+
+
+class JobsSettings(_Section):
+    checkpoint_interval_s: float = Field(
+        default=30.0, gt=0, description="Learner, compensation and controller checkpoints."
+    )
+    retrain_interval_s: float | None = Field(
+        default=None, gt=0, description="Retrain the length model from the history this often."
+    )
+    retrain_cron: str | None = Field(
+        default=None, description="Or on a crontab schedule, e.g. '0 3 * * *'."
+    )
+
+    @field_validator("retrain_cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_cron(value)  # APScheduler reads crontabs
+        return value
+
+    retrain_on_fallback: bool = Field(
+        default=True, description="Queue an early retraining when the controller falls back."
+    )
+    retrain_budget_s: float = Field(default=600.0, gt=0, description="Time budget of a retrain.")
+    retrain_rows: int = Field(default=20_000, ge=100, description="Most recent rows to train on.")
+    telemetry_retention_days: float = Field(
+        default=14.0, gt=0, description="Telemetry older than this is deleted."
+    )
+    downsample_after_days: float = Field(
+        default=1.0, gt=0, description="Telemetry older than this is kept one row per minute."
+    )
+    retention_interval_s: float = Field(default=3600.0, gt=0, description="Retention job period.")
+
+
+class DashboardSettings(_Section):
+    host: str = Field(default="127.0.0.1", description="Address the dashboard binds.")
+    port: int = Field(default=8501, ge=0, le=65535, description="Dashboard port.")
+    refresh_s: float = Field(default=5.0, gt=0, description="Live refresh interval of the pages.")

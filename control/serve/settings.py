@@ -1,0 +1,214 @@
+"""The one settings tree: built once at the entry point from TOML, env and flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from steersman.control.serve.sections import (
+    ControllerSettings,
+    DashboardSettings,
+    DispatchSettings,
+    GatewaySettings,
+    InstanceSettings,
+    JobsSettings,
+    PredictorSettings,
+)
+from steersman.storage.engine import mask_url
+from steersman.storage.settings import StorageSettings
+from steersman.telemetry.settings import TelemetrySettings
+
+ENV_PREFIX = "STEERSMAN_"
+ENV_DELIMITER = "__"
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the operator: the field, the value, and why."""
+
+
+class Settings(BaseSettings):
+    """Everything steersman can be told. Precedence: flags > environment > TOML file > defaults."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    data_dir: Path = Field(
+        default=Path("~/.local/share/steersman"),
+        description="Directory for the SQLite history, spill files, models and checkpoints.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="Logging level of the daemon and the commands."
+    )
+    storage: StorageSettings = Field(
+        default_factory=StorageSettings, description="The SQL history and its writer."
+    )
+    telemetry: TelemetrySettings = Field(
+        default_factory=TelemetrySettings, description="GPU sampling through NVML and vLLM scrapes."
+    )
+
+    instances: list[InstanceSettings] = Field(
+        default_factory=list,
+        description="The serving instances, as [[instances]] tables with url or sim.",
+    )
+    gateway: GatewaySettings = Field(
+        default_factory=GatewaySettings, description="The OpenAI-compatible HTTP gateway."
+    )
+    predictor: PredictorSettings = Field(
+        default_factory=PredictorSettings, description="Length prediction: RoBERTa and River."
+    )
+    controller: ControllerSettings = Field(
+        default_factory=ControllerSettings, description="Misses, fallback and compensation."
+    )
+    dispatch: DispatchSettings = Field(
+        default_factory=DispatchSettings, description="Dispatch policy and steersman's queue."
+    )
+    dashboard: DashboardSettings = Field(
+        default_factory=DashboardSettings, description="The Streamlit dashboard."
+    )
+    jobs: JobsSettings = Field(
+        default_factory=JobsSettings, description="Periodic jobs of the daemon."
+    )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML file arrives as init arguments; the environment overrides it.
+        return (env_settings, init_settings)
+
+    @property
+    def database_url(self) -> str:
+        return self.storage.url or f"sqlite:///{self.data_dir / 'steersman.db'}"
+
+    @property
+    def spill_dir(self) -> Path:
+        return self.storage.spill_dir or self.data_dir / "spill"
+
+
+def load_settings(
+    config_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Build the settings tree, or raise ConfigError naming the field, the value and the reason.
+
+    ``overrides`` are command-line flags as a nested dict, e.g. ``{"storage": {"url": ...}}``.
+    """
+    file_data = _read_toml(config_file) if config_file else {}
+    env = os.environ if environ is None else environ
+    try:
+        settings = Settings(**file_data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, config_file, env)) from None
+    return derive(settings, overrides) if overrides else settings
+
+
+def derive(settings: Settings, overrides: dict[str, Any]) -> Settings:
+    """``settings`` with ``overrides`` merged in (a nested dict, as flags give). The environment
+    is not read again: the overrides win."""
+    try:
+        return _Derived(**_deep_merge(settings.model_dump(), overrides))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, None, {})) from None
+
+
+class _Derived(Settings):
+    """Settings validated from values alone: the environment was applied already."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        **_: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _describe(exc: ValidationError, config_file: Path | None, env: dict[str, str]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(part) for part in err["loc"]]
+        field = ".".join(loc)
+        env_name = ENV_PREFIX + ENV_DELIMITER.join(loc).upper()
+        if env_name in env:
+            where = f" (from {env_name})"
+        elif config_file is not None:
+            where = f" (in {config_file})"
+        else:
+            where = ""
+        value = err.get("input")
+        shown = "" if err["type"] == "missing" else f" = {_shorten(value)!r}"
+        lines.append(f"config error: {field}{shown}{where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def _shorten(value: Any) -> Any:
+    if isinstance(value, dict):
+        return "{...}"
+    if isinstance(value, str) and len(value) > 120:
+        return value[:117] + "..."
+    return value
+
+
+SECRET_MASK = "***"
+
+
+def masked(settings: Settings) -> dict[str, Any]:
+    """The effective settings as plain data, with passwords in URLs and secret values masked."""
+    return _mask(settings.model_dump(mode="python"), key="")
+
+
+def _mask(value: Any, key: str) -> Any:
+    if isinstance(value, SecretStr):
+        return SECRET_MASK if value.get_secret_value() else ""
+    if isinstance(value, dict):
+        return {k: _mask(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, key) for v in value]
+    if isinstance(value, str) and key.endswith("url"):
+        return mask_url(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value

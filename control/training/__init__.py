@@ -1,0 +1,1 @@
+"""Training the RoBERTa length model: from prompt sets or the SQL history, and its registry."""

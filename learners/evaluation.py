@@ -1,0 +1,58 @@
+"""Progressive evaluation of the length predictors on data served in order, as in production:
+each request is predicted, then learned from; the base, corrected and feature-only paths scored."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from steersman.learners.corrector import BASE_KEY, LengthCorrector
+from steersman.learners.features import request_features
+from steersman.learners.metrics import score
+
+PATHS = ("base", "corrected", "fast")
+
+
+def evaluate(
+    prompts: list[str],
+    actual: list[int],
+    prompt_tokens: list[int],
+    base: list[float] | None,
+    checkpoints: tuple[int, ...] = (200, 1000),
+    window: int = 200,
+) -> dict[str, Any]:
+    """Progressive evaluation in the given order; rolling MAE at each checkpoint."""
+    fast, corrected = LengthCorrector(), LengthCorrector()
+    pairs: dict[str, list[tuple[float, float]]] = {p: [] for p in PATHS}
+    per_class: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    rolling: dict[int, dict[str, float]] = {}
+    for i, (text, y) in enumerate(zip(prompts, actual, strict=True)):
+        x: dict[str, Any] = request_features(text, prompt_tokens=prompt_tokens[i])
+        guesses = {"fast": fast.predict_one(x)}
+        if base is not None:
+            guesses["base"] = base[i]
+            guesses["corrected"] = corrected.predict_one({**x, BASE_KEY: base[i]})
+        for name, value in guesses.items():
+            pairs[name].append((value, float(y)))
+            per_class.setdefault(x["request_class"], {p: [] for p in PATHS})[name].append(
+                (value, float(y))
+            )
+        fast.learn_one(x, y)
+        if base is not None:
+            corrected.learn_one({**x, BASE_KEY: base[i]}, y)
+        if i + 1 in checkpoints:
+            rolling[i + 1] = {
+                name: statistics.fmean(abs(p - a) for p, a in got[-window:])
+                for name, got in pairs.items()
+                if got
+            }
+    return {
+        "rows": len(actual),
+        "overall": {name: score(got) for name, got in pairs.items() if got},
+        "per_class": {
+            cls: {name: score(got) for name, got in paths.items() if got}
+            for cls, paths in sorted(per_class.items())
+        },
+        "rolling_mae": rolling,
+        "drift_events": corrected.drifts if base is not None else fast.drifts,
+    }

@@ -1,0 +1,110 @@
+"""`steersman train`: bad rows reported, a grouped split, a saved and registered model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from typer.testing import CliRunner
+
+from steersman.control.cli.main import app
+from steersman.control.serve.daemon import Daemon
+from steersman.control.training.length_model import grouped_split
+from steersman.data import path
+from steersman.learners.datasets import load_prompt_set
+from steersman.learners.hf import RobertaLengthModel
+from steersman.storage.engine import make_engine
+from steersman.storage.registry import model_versions
+from tests.control.serve.serving import settings_for
+
+
+def test_grouped_split_keeps_each_prompt_on_one_side():
+    records = load_prompt_set(path("alpaca_eval"))[0]
+    train, val = grouped_split([r.group for r in records], 0.2, seed=1)
+    assert set(train).isdisjoint(val) and len(train) + len(val) == len(records)
+    assert {records[i].group for i in train}.isdisjoint({records[i].group for i in val})
+    assert 0.15 < len(val) / len(records) < 0.25
+    assert grouped_split([r.group for r in records], 0.2, seed=1) == (train, val)
+    assert grouped_split(["p"] * 3, 0.2, 0)[1] == [0, 1, 2]
+
+
+def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("STEERSMAN_DATA_DIR", str(tmp_path / "data"))
+    rows = []
+    with gzip.open(path("alpaca"), "rt") as fh:
+        for _, line in zip(range(120), fh, strict=False):
+            rows.append(line.rstrip("\n"))
+    rows.insert(5, "this is not json")
+    rows.insert(9, json.dumps({"id": "x", "prompt": "", "response": "empty prompt"}))
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--data",
+            str(data),
+            "--tokenizer",
+            str(tiny_model),
+            "--size",
+            "tiny",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path / "model"),
+            "--db",
+            db,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "skipped 2 bad row(s) at line(s) 6, 10" in result.stderr
+    assert result.stdout.strip() == str(tmp_path / "model")
+    (registered,) = model_versions(make_engine(db))
+    assert registered["kind"] == "roberta" and registered["status"] == "candidate"
+    assert registered["train_rows"] + registered["val_rows"] == 120
+    assert registered["metrics"]["val_mae_tokens"] > 0
+    meta = json.loads((tmp_path / "model" / "steersman.json").read_text())
+    assert meta["version"] == registered["version"] and meta["data_hash"] == registered["data_hash"]
+    assert len(RobertaLengthModel.load(tmp_path / "model").predict_log(["hi", "there"])) == 2
+
+    # --promote: the daemon serves it without being told where it is.
+    args = [
+        "train", "--data", str(data), "--tokenizer", str(tiny_model), "--size", "tiny",
+        "--epochs", "1", "--out", str(tmp_path / "model2"), "--db", db, "--promote",
+    ]  # fmt: skip
+    assert CliRunner().invoke(app, args).exit_code == 0
+    first, second = model_versions(make_engine(db))
+    assert (first["status"], second["status"]) == ("candidate", "promoted")
+    settings = settings_for(tmp_path, [{"sim": "cpu-tiny"}], storage={"url": db})
+    daemon = Daemon(settings)
+    try:
+        assert daemon.service.predictor.model_version == second["version"]
+        assert daemon.model_dir == tmp_path / "model2"
+    finally:
+        daemon.close()
+
+
+def test_train_refuses_a_missing_file(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--data", str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 2 and "no such file" in result.stderr
+
+
+def test_train_from_the_sql_history(tmp_path):
+    from steersman.storage import migrate
+    from tests.control.training.test_retrain import fill_history
+
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    engine = make_engine(db)
+    migrate.upgrade(engine)
+    fill_history(engine)
+    args = [
+        "train", "--from-history", "--db", db, "--size", "tiny", "--epochs", "1",
+        "--out", str(tmp_path / "from-history"),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "300 finished requests with prompt text in the history" in result.stderr
+    (registered,) = model_versions(engine)
+    assert registered["train_rows"] + registered["val_rows"] == 300
+    assert (tmp_path / "from-history" / "steersman.json").exists()

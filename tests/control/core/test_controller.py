@@ -1,0 +1,159 @@
+"""The controller's transitions, table-driven: hits and misses with timestamps -> modes, events."""
+
+from __future__ import annotations
+
+import pytest
+
+from steersman.control.core.controller import (
+    Compensation,
+    ControllerConfig,
+    ControllerState,
+    Outcome,
+    is_miss,
+    observe,
+    tick,
+)
+
+CFG = ControllerConfig(adjust_every=1000)  # compensation left alone in the transition tables
+HIT = Outcome("chat", scheduled=100, corrected=80, actual=100)
+MISS = Outcome("chat", scheduled=300, corrected=250, actual=100)
+
+
+def run(script, config=CFG):
+    """Feed (time, 'hit' | 'miss' | 'tick') steps; return the modes after each and all events."""
+    state = ControllerState()
+    modes, events, hot = [], [], []
+    for t, what in script:
+        if what == "tick":
+            step = tick(state, t, config)
+        else:
+            step = observe(state, HIT if what == "hit" else MISS, t, config)
+        state = step.state
+        modes.append(state.mode)
+        events.extend((t, e.from_mode, e.to_mode, e.reason) for e in step.events)
+        hot.append(step.hot_update)
+    return modes, events, hot, state
+
+
+N, F = "NORMAL", "FALLBACK"
+
+
+@pytest.mark.parametrize(
+    ("script", "modes", "events"),
+    [
+        pytest.param(
+            [(t, "miss") for t in range(4)] + [(4, "hit")],
+            [N] * 5,
+            [],
+            id="4 misses then a hit: no fallback",
+        ),
+        pytest.param(
+            [(t, "miss") for t in range(5)],
+            [N] * 4 + [F],
+            [(4, N, F, "5 consecutive misses over 30%")],
+            id="5 misses: fallback",
+        ),
+        pytest.param(
+            [(t, "miss") for t in range(5)] + [(63.9, "tick"), (64, "tick")],
+            [N] * 4 + [F, F, N],
+            [(4, N, F, "5 consecutive misses over 30%"), (64, F, N, "fallback ended after 60 s")],
+            id="60 s: back to normal",
+        ),
+        pytest.param(
+            [(t, "miss") for t in range(5)] + [(10 + t, "hit") for t in range(5)],
+            [N] * 4 + [F] * 5 + [N],
+            [
+                (4, N, F, "5 consecutive misses over 30%"),
+                (14, F, N, "shadow predictions recovered: 5 hits in a row"),
+            ],
+            id="shadow predictions recover early",
+        ),
+        pytest.param(
+            [(t, "miss") for t in range(5)]
+            + [(10, "hit"), (11, "hit"), (12, "miss"), (13, "hit"), (20, "miss")]
+            + [(70, "miss")],
+            [N] * 4 + [F] * 6 + [N],
+            [
+                (4, N, F, "5 consecutive misses over 30%"),
+                (70, F, N, "fallback ended after 60 s"),
+            ],
+            id="a shadow miss restarts recovery; expiry still applies",
+        ),
+        pytest.param(
+            [(t, "miss") for t in range(3)] + [(3, "hit")] + [(4 + t, "miss") for t in range(4)],
+            [N] * 8,
+            [],
+            id="a hit resets the streak",
+        ),
+    ],
+)
+def test_transitions(script, modes, events):
+    got_modes, got_events, _, _ = run(script)
+    assert got_modes == modes
+    assert got_events == events
+
+
+def test_fallback_asks_for_a_hot_update_once():
+    _, _, hot, state = run([(t, "miss") for t in range(8)])
+    assert hot == [False] * 4 + [True] + [False] * 3
+    assert state.fallbacks == 1
+
+
+def test_fallback_can_be_disabled():
+    config = ControllerConfig(adjust_every=1000, fallback_enabled=False)
+    modes, events, _, state = run([(t, "miss") for t in range(12)], config)
+    assert modes == [N] * 12 and events == [] and state.streak == 12
+
+
+@pytest.mark.parametrize(
+    ("scheduled", "actual", "max_tokens", "miss"),
+    [
+        (130, 100, None, False),
+        (70, 100, None, False),
+        (69, 100, None, True),
+        (131, 100, None, True),
+        (5000, 256, 256, False),  # cut off at max_tokens: the true length is unknown above
+        (100, 256, 256, True),
+        (1, 0, None, True),
+    ],
+)
+def test_is_miss(scheduled, actual, max_tokens, miss):
+    assert is_miss(scheduled, actual, max_tokens, 0.3) is miss
+
+
+def test_compensation_moves_towards_actual_lengths_within_bounds():
+    config = ControllerConfig(adjust_every=10, window=10, headroom=0.1, step=0.5)
+    state = ControllerState()
+    events = []
+    # The corrected prediction is twice the truth: 1.2 * 200 + 10 = 250 scheduled for 100.
+    for t in range(60):
+        scheduled = state.compensation_for("code", config).apply(200)
+        step = observe(state, Outcome("code", scheduled, 200, 100), float(t), config)
+        state = step.state
+        events.extend(e for e in step.events if e.kind == "compensation")
+    comp = state.compensation["code"]
+    assert len(events) >= 3
+    assert comp.a < 1.2 and comp.b < 10  # both scaled down
+    assert not is_miss(comp.apply(200), 100, None, 0.3)  # the misses stopped
+    assert 100 < comp.apply(200) < 125  # about headroom above the truth
+    assert comp.a >= config.a_bounds[0]
+    assert events[0].details["previous_a"] == 1.2
+    assert state.compensation_for("chat", config) == Compensation(1.2, 10.0)
+
+
+def test_compensation_bounds_hold():
+    config = ControllerConfig(adjust_every=5, window=5, a_bounds=(0.9, 1.5), b_bounds=(0, 20))
+    state = ControllerState()
+    for t in range(200):  # predictions far too short: a would grow without bound
+        state = observe(state, Outcome("chat", 10, 8, 1000), float(t), config).state
+    assert state.compensation["chat"].a == 1.5
+    assert state.compensation["chat"].b == 20
+
+
+def test_censored_outcomes_do_not_move_compensation():
+    config = ControllerConfig(adjust_every=5)
+    state = ControllerState()
+    for t in range(50):
+        state = observe(state, Outcome("chat", 900, 800, 64, max_tokens=64), float(t), config).state
+    assert state.compensation == {}
+    assert state.streak == 0  # and they are not misses either

