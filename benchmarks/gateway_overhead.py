@@ -27,7 +27,7 @@ import httpx
 import tomli_w
 
 from steersman.control.backends.vllm_server import free_port
-from steersman.control.harness.replay import percentile
+from steersman.storage.query import percentile
 
 
 def wait_up(url: str) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.backends.vllm_server import VllmServer
 from steersman.control.harness.calibrate import fit, measure
-from steersman.control.harness.replay import percentile, replay
+from steersman.control.harness.replay import replay
 from steersman.control.harness.workloads import build_workload, load_trace, trace_arrivals
 from steersman.control.sim.engine import SimEngine, SimRequest
 from steersman.control.sim.profiles import load_profile
@@ -34,6 +34,7 @@ from steersman.control.training.tiny_model import ensure_tiny_model
 from steersman.data import PROMPT_SETS, path
 from steersman.learners.datasets import load_prompt_set
 from steersman.learners.tokens import TokenCounter
+from steersman.storage.query import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 

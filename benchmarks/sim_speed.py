@@ -14,12 +14,12 @@ import json
 import random
 import time
 
-from steersman.control.harness.replay import percentile
 from steersman.control.harness.workloads import load_trace, trace_arrivals
 from steersman.control.sim.engine import SimEngine, SimRequest
 from steersman.control.sim.profiles import load_profile
 from steersman.control.sim.virtual import round_robin, run_cluster
 from steersman.data import path
+from steersman.storage.query import percentile
 
 
 def main() -> None:

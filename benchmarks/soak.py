@@ -25,9 +25,9 @@ import tomli_w
 
 from benchmarks.gateway_overhead import wait_up
 from steersman.control.backends.vllm_server import free_port
-from steersman.control.harness.replay import percentile
 from steersman.data import path
 from steersman.learners.datasets import load_prompt_set
+from steersman.storage.query import percentile
 
 
 def rss_kib(pid: int) -> int:

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from steersman.control.harness.replay import percentile
+from steersman.storage.query import percentile
 from steersman.telemetry.nvml import NvmlSource
 from steersman.telemetry.sampler import Sampler
 from tests.telemetry.fake_nvml import FakeGpu, FakeNvml

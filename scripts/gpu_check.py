@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 
-from steersman.control.harness.replay import percentile
+from steersman.storage.query import percentile
 from steersman.telemetry.fragmentation import allocator_fragmentation
 from steersman.telemetry.nvml import NvmlSource
 from steersman.telemetry.readings import GpuReading

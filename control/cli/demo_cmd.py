@@ -67,8 +67,8 @@ def demo_command(
         demo_workload,
         run_demo,
     )
-    from steersman.control.training.bundled import ensure_length_model
     from steersman.control.serve.daemon import GatewayFailed
+    from steersman.control.training.bundled import ensure_length_model
 
     settings: Settings = ctx.obj.settings()
     console = Console(stderr=True, highlight=False, soft_wrap=True)

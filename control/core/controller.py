@@ -12,27 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from steersman.control.core.settings import ControllerSettings
 from steersman.learners.metrics import within
 
 Mode = Literal["NORMAL", "FALLBACK"]
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    miss_threshold: float = 0.3
-    miss_streak: int = 5
-    fallback_s: float = 60.0
-    recover_hits: int = 5
-    initial_a: float = 1.2
-    initial_b: float = 10.0
-    a_bounds: tuple[float, float] = (0.5, 3.0)
-    b_bounds: tuple[float, float] = (0.0, 64.0)
-    adjust_every: int = 20
-    window: int = 50
-    headroom: float = 0.1
-    step: float = 0.5
-    min_change: float = 0.02
-    fallback_enabled: bool = True  # false: the 'controller disabled' baseline
 
 
 @dataclass(frozen=True)
@@ -80,9 +63,9 @@ class ControllerState:
     ratios: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # actual / scheduled
     seen: Mapping[str, int] = field(default_factory=dict)
 
-    def compensation_for(self, request_class: str, config: ControllerConfig) -> Compensation:
+    def compensation_for(self, request_class: str, config: ControllerSettings) -> Compensation:
         return self.compensation.get(request_class) or Compensation(
-            config.initial_a, config.initial_b
+            config.compensation_a, config.compensation_b
         )
 
 
@@ -108,10 +91,12 @@ def is_miss(scheduled: float, actual: int, max_tokens: int | None, threshold: fl
     return not within(predicted, actual, threshold)
 
 
-def observe(state: ControllerState, outcome: Outcome, now: float, config: ControllerConfig) -> Step:
+def observe(
+    state: ControllerState, outcome: Outcome, now: float, config: ControllerSettings
+) -> Step:
     """Score one finished request; move between NORMAL and FALLBACK; adjust compensation.
 
-    >>> cfg = ControllerConfig()
+    >>> cfg = ControllerSettings()
     >>> s = ControllerState()
     >>> for t in range(5):
     ...     step = observe(s, Outcome("chat", 300, 250, 100), float(t), cfg)
@@ -125,7 +110,7 @@ def observe(state: ControllerState, outcome: Outcome, now: float, config: Contro
     if state.mode == "NORMAL":
         streak = state.streak + 1 if miss else 0
         state = replace(state, streak=streak)
-        if config.fallback_enabled and streak >= config.miss_streak:
+        if config.enabled and streak >= config.miss_streak:
             state = replace(
                 state,
                 mode="FALLBACK",
@@ -159,7 +144,7 @@ def observe(state: ControllerState, outcome: Outcome, now: float, config: Contro
     return Step(state, tuple(events), miss, hot)
 
 
-def tick(state: ControllerState, now: float, config: ControllerConfig) -> Step:
+def tick(state: ControllerState, now: float, config: ControllerSettings) -> Step:
     """Time passing: FALLBACK ends after ``fallback_s`` even with no traffic."""
     if (
         state.mode == "FALLBACK"
@@ -180,7 +165,7 @@ def _normal(state: ControllerState, now: float) -> ControllerState:
 
 
 def _compensate(
-    state: ControllerState, outcome: Outcome, config: ControllerConfig
+    state: ControllerState, outcome: Outcome, config: ControllerSettings
 ) -> tuple[ControllerState, Event | None]:
     """Every ``adjust_every`` outcomes of a class, scale (a, b) so that the median scheduled
     length sits ``headroom`` above the actual one, moving ``step`` of the way, within bounds.
@@ -197,8 +182,8 @@ def _compensate(
     old = state.compensation_for(cls, config)
     factor = statistics.median(ratios) * (1 + config.headroom)
     scale = 1 + config.step * (factor - 1)
-    a = min(max(old.a * scale, config.a_bounds[0]), config.a_bounds[1])
-    b = min(max(old.b * scale, config.b_bounds[0]), config.b_bounds[1])
+    a = min(max(old.a * scale, config.a_min), config.a_max)
+    b = min(max(old.b * scale, 0.0), config.b_max)
     if abs(a - old.a) < config.min_change:
         return state, None
     new = Compensation(round(a, 4), round(b, 3))

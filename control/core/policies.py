@@ -1,7 +1,7 @@
-"""Dispatch policies and request priority: pure functions of instance views, the request and time.
+"""Dispatch policies: pure functions of instance views, the request and time.
 
-A policy is ``policy(ctx) -> Decision``; the scheduling loop builds the context and carries the
-decision out. Only instances that are healthy and below their concurrency cap are offered.
+A policy is ``policy(ctx) -> Decision``; the scheduler builds the context and carries the
+decision out. Only instances that are healthy, below their cap and with room are chosen.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -27,14 +29,16 @@ class InstanceView:
     healthy: bool = True
     kv_usage: float | None = None
     waiting: int = 0
-    remaining: tuple[float, ...] = ()
+    remaining: Sequence[float] = ()
     step_base_s: float = 0.01
     step_per_seq_s: float = 0.0005
     prefill_s_per_token: float = 0.0001
 
+    room: bool = True  # the scheduler's admission lets this request in here
+
     @property
     def free(self) -> bool:
-        return self.healthy and self.in_flight < self.cap
+        return self.healthy and self.room and self.in_flight < self.cap
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,14 @@ class DispatchContext:
     counter: int = 0  # dispatches so far, for round-robin
     true_tokens: int | None = None  # the oracle's input; benchmarks only
     impact_weight: float = 1.0
+    # Per instance, sum(min(remaining, length)): the scheduler passes it vectorised over every
+    # request in flight; without it, it is computed from each view's ``remaining``.
+    shared: Callable[[float], Sequence[float]] | None = None
+
+    def shared_tokens(self, length: float) -> Sequence[float]:
+        if self.shared is not None:
+            return self.shared(length)
+        return [_shared(v.remaining, length) for v in self.instances]
 
 
 @dataclass(frozen=True)
@@ -98,48 +110,53 @@ def predictive(ctx: DispatchContext) -> Decision:
     """Block-style: roll each instance's batch forward with predicted remaining lengths and its
     latency model; score = the new request's predicted latency plus (``impact_weight`` times)
     the delay it adds to the requests already there. The lowest score wins."""
-    length = max(ctx.predicted_tokens, 1.0)
-    scores = {v.name: _predicted_cost(v, ctx, length) for v in _free(ctx)}
-    return _lowest(scores, "predictive")
+    return _lowest(_costs(ctx, max(ctx.predicted_tokens, 1.0)), "predictive")
 
 
 def oracle(ctx: DispatchContext) -> Decision:
     """``predictive`` with the true output length: the bound a perfect predictor would reach."""
     length = float(ctx.true_tokens if ctx.true_tokens is not None else ctx.predicted_tokens)
-    scores = {v.name: _predicted_cost(v, ctx, max(length, 1.0)) for v in _free(ctx)}
-    return _lowest(scores, "oracle")
+    return _lowest(_costs(ctx, max(length, 1.0)), "oracle")
 
 
-def _predicted_cost(view: InstanceView, ctx: DispatchContext, length: float) -> float:
-    own, delay = rollout(view, length, ctx.prompt_tokens)
-    return own + ctx.impact_weight * delay
+def _costs(ctx: DispatchContext, length: float) -> dict[str, float]:
+    shared = ctx.shared_tokens(length)
+    scores = {}
+    for view, steps in zip(ctx.instances, shared, strict=True):
+        if view.free:
+            own, delay = rollout(view, length, ctx.prompt_tokens, float(steps))
+            scores[view.name] = own + ctx.impact_weight * delay
+    return scores
 
 
-def rollout(view: InstanceView, length: float, prompt_tokens: int) -> tuple[float, float]:
+def rollout(
+    view: InstanceView, length: float, prompt_tokens: int, shared: float | None = None
+) -> tuple[float, float]:
     """(latency of a new request of ``length`` output tokens, total delay it adds to the others).
 
-    With remaining lengths r_1 <= ... <= r_n, the batch holds 1 + #{r_i > k} sequences at the
-    new request's k-th step; each running request is slowed by one ``step_per_seq_s`` for every
-    step the two share.
+    At the newcomer's k-th decode step the batch holds it and every request with more than k
+    tokens left; a step with n sequences takes ``step_base_s + step_per_seq_s * n``. Summed over
+    its ``length`` steps, each running request i shares ``min(r_i, length)`` of them, and each
+    shared step slows that request by one ``step_per_seq_s``.
 
     >>> v = InstanceView("a", remaining=(10.0,), step_base_s=0.01, step_per_seq_s=0.001)
     >>> own, delay = rollout(v, 20, 0)
     >>> round(own, 4), round(delay, 4)  # 10 steps with 2 sequences, then 10 alone
     (0.23, 0.01)
     """
-    remaining = sorted(r for r in view.remaining if r > 0)
-    own = prompt_tokens * view.prefill_s_per_token
-    done = 0.0
-    running = len(remaining) + 1
-    for r in remaining:
-        if r >= length:
-            break
-        own += (r - done) * (view.step_base_s + view.step_per_seq_s * running)
-        done = r
-        running -= 1
-    own += (length - done) * (view.step_base_s + view.step_per_seq_s * running)
-    delay = view.step_per_seq_s * sum(min(r, length) for r in remaining)
-    return own, delay
+    if shared is None:
+        shared = _shared(view.remaining, length)
+    per_seq = view.step_per_seq_s
+    own = (
+        prompt_tokens * view.prefill_s_per_token
+        + length * (view.step_base_s + per_seq)
+        + per_seq * shared
+    )
+    return own, per_seq * shared
+
+
+def _shared(remaining: Sequence[float], length: float) -> float:
+    return float(np.minimum(remaining, length).sum()) if len(remaining) else 0.0
 
 
 def _lowest(scores: dict[str, float], policy: str) -> Decision:
@@ -156,24 +173,3 @@ POLICIES: dict[str, Policy] = {
     "random": random_choice,
     "oracle": oracle,
 }
-
-
-def priority_key(predicted_tokens: float, arrived_at: float, aging_s: float) -> float:
-    """Shortest predicted first, with aging: a request that arrived ``aging_s`` seconds earlier
-    outranks one predicted twice as short, so nothing starves. Lower is served first.
-
-    The key never changes while a request waits, so a heap orders the queue.
-
-    >>> priority_key(100, 0.0, 5.0) < priority_key(10, 30.0, 5.0)  # waited 30 s longer
-    True
-    >>> priority_key(10, 0.0, 5.0) < priority_key(100, 0.0, 5.0)
-    True
-    """
-    size = math.log2(1.0 + max(predicted_tokens, 0.0)) if math.isfinite(predicted_tokens) else 64
-    return arrived_at / aging_s + size
-
-
-def vllm_priority(key: float, origin: float, aging_s: float) -> int:
-    """The key as vLLM's integer priority (lower first), relative to ``origin`` (the daemon's
-    start) so the numbers stay small; a tenth of a doubling per unit."""
-    return round((key - origin / aging_s) * 10)

@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from steersman.control.core.controller import ControllerConfig
+from steersman.control.core.scheduler import Scheduler
+from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.control.harness.workloads import WorkItem, build_workload, load_trace, trace_arrivals
-from steersman.control.serve.daemon import prior
+from steersman.control.sim.driver import CoreDriver
 from steersman.control.sim.engine import SimEngine, SimRequest
 from steersman.control.sim.profiles import StepModel
-from steersman.control.sim.router import SimRouter
 from steersman.control.sim.virtual import run_cluster
 from steersman.control.training.bundled import bundled_records, held_out
 from steersman.data import path
@@ -70,28 +70,26 @@ def _rid(item: WorkItem) -> str:
     return f"r{item.index}"
 
 
-def make_router(
+def make_driver(
     policy: str, workload: SimWorkload, profile: StepModel, cap: int
-) -> tuple[SimRouter, str]:
-    """(router, engine scheduling policy). Baselines dispatch on arrival to FCFS engines, as a
+) -> tuple[CoreDriver, str]:
+    """(driver, engine scheduling policy). Baselines dispatch on arrival to FCFS engines, as a
     load balancer in front of stock vLLM does; steersman queues with caps and sets priorities."""
-    coefficients = prior(profile)
+    step = profile.coefficients()
     if policy in ("round-robin", "least-load"):
-        return SimRouter(policy, coefficients, cap=None, priorities=False), "fcfs"
+        core = Scheduler(
+            DispatchSettings(policy=policy),
+            ControllerSettings(),
+            admission="none",
+            priorities=False,
+        )
+        return CoreDriver(core, step), "fcfs"
     if policy == "oracle":
-        return SimRouter("oracle", coefficients, cap=cap), "priority"
-    enabled = policy == "predictive"
-    return (
-        SimRouter(
-            "predictive",
-            coefficients,
-            features=workload.features,
-            corrector=LengthCorrector(),
-            cap=cap,
-            controller=ControllerConfig(fallback_enabled=enabled),
-        ),
-        "priority",
-    )
+        core = Scheduler(DispatchSettings(policy="oracle"), ControllerSettings())
+        return CoreDriver(core, step, cap=cap), "priority"
+    controller = ControllerSettings(enabled=policy == "predictive")
+    core = Scheduler(DispatchSettings(policy="predictive"), controller, corrector=LengthCorrector())
+    return CoreDriver(core, step, features=workload.features, cap=cap), "priority"
 
 
 def run_sim(
@@ -102,18 +100,18 @@ def run_sim(
     rate: float,
     cap: int,
 ) -> dict[str, Any]:
-    router, engine_policy = make_router(policy, workload, profile, cap)
+    driver, engine_policy = make_driver(policy, workload, profile, cap)
     requests = [
         SimRequest(_rid(i), i.arrival_s / rate, i.prompt_tokens, i.true_tokens)
         for i in workload.items
     ]
     engines = [SimEngine(profile, engine_policy) for _ in range(instances)]
     started = time.perf_counter()
-    run = run_cluster(requests, engines, router)
+    run = run_cluster(requests, engines, driver)
     wall = time.perf_counter() - started
     ttft = [r.first_token_at - r.arrival for r in run.finished if r.first_token_at is not None]
     e2e = [r.finished_at - r.arrival for r in run.finished if r.finished_at is not None]
-    s = router.stats
+    s = driver.scheduler.stats
     return {
         "policy": policy,
         "rate_rps": round(rate, 3),

@@ -21,8 +21,8 @@ from steersman.control.serve.settings import Settings
 # What each policy means in a deployment. The baselines are the routers operators already use:
 # every request goes straight to vLLM (no steersman queue, no priorities).
 VARIANTS: dict[str, dict[str, Any]] = {
-    "round-robin": {"dispatch": {"policy": "round-robin"}, "baseline": True},
-    "least-load": {"dispatch": {"policy": "least-load"}, "baseline": True},
+    "round-robin": {"dispatch": {"policy": "round-robin", "admission": "none"}, "baseline": True},
+    "least-load": {"dispatch": {"policy": "least-load", "admission": "none"}, "baseline": True},
     "predictive": {"dispatch": {"policy": "predictive"}},
     "predictive-no-controller": {
         "dispatch": {"policy": "predictive"},
@@ -40,9 +40,7 @@ def run_real(
         for policy in policies:
             variant = dict(VARIANTS[policy])
             baseline = variant.pop("baseline", False)
-            run_specs = [
-                {**s, "max_in_flight": 100_000, "priority": False} if baseline else s for s in specs
-            ]
+            run_specs = [{**s, "priority": False} if baseline else s for s in specs]
             run_config = replace(config, run_dir=config.run_dir / policy)
             run_config.run_dir.mkdir(parents=True, exist_ok=True)
             settings = daemon_settings(run_config, run_specs, base, variant)

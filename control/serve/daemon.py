@@ -28,20 +28,19 @@ from fastapi import FastAPI
 from steersman.control.backends.sim import SimBackend
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.backends.vllm_server import check_port
-from steersman.control.core.controller import ControllerConfig
+from steersman.control.core.records import EventRecord
+from steersman.control.core.scheduler import Scheduler
 from steersman.control.serve import checkpoint as ckpt
 from steersman.control.serve.gateway import create_app, discover_models
+from steersman.control.serve.instances import Instance, make_instance
 from steersman.control.serve.jobs import Jobs
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
-from steersman.control.serve.sections import InstanceSettings
-from steersman.control.serve.service import Instance, Steersman
+from steersman.control.serve.service import Steersman
 from steersman.control.serve.settings import Settings
-from steersman.control.sim.profiles import StepModel, load_profile
 from steersman.control.training.retrain import Retrainer
 from steersman.learners.batching import MicroBatcher
 from steersman.learners.corrector import LengthCorrector
-from steersman.learners.latency import LatencyModel, StepCoefficients
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
 from steersman.storage.engine import DatabaseUnavailable, make_engine
@@ -54,53 +53,6 @@ from steersman.telemetry.instances import InstanceScraper
 log = logging.getLogger(__name__)
 
 DEFAULT_URL_PROFILE = "a100-llama2-7b"
-
-
-def controller_config(settings: Settings) -> ControllerConfig:
-    c = settings.controller
-    return ControllerConfig(
-        miss_threshold=c.miss_threshold,
-        miss_streak=c.miss_streak,
-        fallback_s=c.fallback_s,
-        recover_hits=c.recover_hits,
-        initial_a=c.compensation_a,
-        initial_b=c.compensation_b,
-        a_bounds=(c.a_min, c.a_max),
-        b_bounds=(0.0, c.b_max),
-        adjust_every=c.adjust_every,
-        window=c.window,
-        headroom=c.headroom,
-        fallback_enabled=c.enabled,
-    )
-
-
-def prior(profile: StepModel, context_tokens: int = 512) -> StepCoefficients:
-    """A profile's step model at a typical context, as the latency model's starting point."""
-    per_seq = profile.c + profile.d * context_tokens
-    return StepCoefficients(profile.a, per_seq, profile.b)
-
-
-def make_instance(spec: InstanceSettings, settings: Settings, count: Callable | None) -> Instance:
-    g = settings.gateway
-    profile = load_profile(spec.profile or spec.sim or DEFAULT_URL_PROFILE)
-    if spec.sim is not None:
-        backend: Any = SimBackend(spec.label, load_profile(spec.sim), count_tokens=count)
-    else:
-        key = spec.api_key.get_secret_value() if spec.api_key else None
-        backend = VllmHttpBackend(
-            spec.label,
-            spec.url or "",
-            connect_timeout_s=g.connect_timeout_s,
-            read_timeout_s=g.read_timeout_s,
-            api_key=key,
-        )
-    return Instance(
-        spec.label,
-        backend,
-        LatencyModel(prior(profile)),
-        cap=spec.max_in_flight,
-        send_priority=spec.priority,
-    )
 
 
 def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None, Path | None]:
@@ -167,7 +119,6 @@ class Daemon:
             )
         corrector = LengthCorrector(lr=s.predictor.corrector_lr, max_tokens=s.predictor.max_tokens)
         predictor = Predictor(
-            corrector,
             self.batcher,
             deadline_s=s.predictor.deadline_ms / 1000,
             count_tokens=count,
@@ -175,16 +126,15 @@ class Daemon:
         )
         self.metrics = Metrics(self.sampler.latest if self.sampler else None)
         d = s.dispatch
+        scheduler = Scheduler(
+            d, s.controller, corrector=corrector, admission=d.admission, origin=time.monotonic()
+        )
         self.service = Steersman(
-            [make_instance(spec, s, count) for spec in s.instances],
+            [make_instance(spec, s.gateway, count) for spec in s.instances],
             predictor,
+            scheduler,
             record=self.writer.submit,
             metrics=self.metrics,
-            policy=d.policy,
-            controller=controller_config(s),
-            aging_s=d.aging_s,
-            impact_weight=d.impact_weight,
-            max_queue=d.max_queue,
             queue_timeout_s=d.queue_timeout_s,
             retries=s.gateway.retries,
             store_prompts=s.storage.store_prompts,
@@ -242,7 +192,7 @@ class Daemon:
             self.batcher.swap(_tokens_of(model))
         previous = predictor.model_version
         predictor.model_version = version
-        predictor.corrector.reset()
+        self.service.scheduler.corrector.reset()
         self.model_dir = directory or self.settings.data_dir / "models" / version
         self.event("model", f"serving {version} (was {previous or 'the fast predictor'})", {})
 
@@ -261,8 +211,7 @@ class Daemon:
 
     def event(self, kind: str, reason: str, details: dict[str, Any]) -> None:
         log.info("%s: %s", kind, reason)
-        row = {"ts": datetime.now(UTC), "kind": kind, "reason": reason, "details": details}
-        self.writer.submit("controller_events", row)
+        self.service.write(EventRecord(self.service.clock(), kind, reason, details=details))
 
     def _hot_update(self, reason: str) -> None:
         if self.settings.jobs.retrain_on_fallback:
@@ -278,9 +227,9 @@ class Daemon:
         svc = self.service
         checkpoint = ckpt.Checkpoint(
             saved_at=time.time(),
-            corrector=svc.predictor.corrector,
+            corrector=svc.scheduler.corrector,
             latency={name: i.latency for name, i in svc.instances.items()},
-            controller=svc.state,
+            controller=svc.scheduler.state,
             model_version=svc.predictor.model_version,
             clock_offset=time.time() - svc.clock(),
         )
@@ -294,7 +243,7 @@ class Daemon:
         if checkpoint is None:
             return
         svc = self.service
-        svc.predictor.corrector = checkpoint.corrector
+        svc.scheduler.corrector = checkpoint.corrector
         for name, model in checkpoint.latency.items():
             if name in svc.instances:
                 svc.instances[name].latency = model
@@ -303,8 +252,8 @@ class Daemon:
         shift = checkpoint.clock_offset - (time.time() - svc.clock())
         state = checkpoint.controller
         until = None if state.fallback_until is None else state.fallback_until + shift
-        svc.state = replace(state, since=state.since + shift, fallback_until=until)
-        svc.metrics.set_mode(svc.state.mode)
+        svc.scheduler.state = replace(state, since=state.since + shift, fallback_until=until)
+        svc.metrics.set_mode(svc.scheduler.state.mode)
 
     def retention(self) -> None:
         j = self.settings.jobs
@@ -378,7 +327,7 @@ class Daemon:
             "waiting": engine.waiting,
             "kv_cache_usage": instance.kv_usage,
             "preemptions_total": float(engine.stats.preemptions),
-            "in_flight": len(instance.in_flight),
+            "in_flight": self.service.scheduler.in_flight(instance.name),
         }
 
     def _tick(self) -> None:

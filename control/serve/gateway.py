@@ -20,9 +20,9 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steersman.control.backends.base import BackendError, UpstreamRejected
-from steersman.control.serve.admission import QueueFull, QueueTimeout
+from steersman.control.core.scheduler import QueueFull
 from steersman.control.serve.sections import GatewaySettings
-from steersman.control.serve.service import Steersman
+from steersman.control.serve.service import QueueTimeout, Steersman
 
 MAX_TOKENS_LIMIT = 1_000_000
 
@@ -221,10 +221,12 @@ async def discover_models(app: FastAPI, service: Steersman) -> None:
         app.state.models = list(cards.values())
 
 
-def _check_model(app: FastAPI, data: dict[str, Any], prompt_tokens: int | None) -> None:
+def _model_card(app: FastAPI, data: dict[str, Any]) -> dict[str, Any] | None:
+    """The card of the requested model; 404 for one no instance serves. None when no instance
+    has answered yet (the instance then judges)."""
     cards = {c["id"]: c for c in app.state.models}
     if not cards:
-        return  # nobody answered yet: let the instance judge
+        return None
     card = cards.get(data["model"])
     if card is None:
         raise ApiError(
@@ -234,7 +236,11 @@ def _check_model(app: FastAPI, data: dict[str, Any], prompt_tokens: int | None) 
             param="model",
             code="model_not_found",
         )
-    window = card.get("max_model_len")
+    return card
+
+
+def _check_window(card: dict[str, Any] | None, prompt_tokens: int | None) -> None:
+    window = card.get("max_model_len") if card else None
     if isinstance(window, int) and prompt_tokens is not None and prompt_tokens >= window:
         raise ApiError(
             400,
@@ -250,9 +256,14 @@ async def _serve(
 ) -> Response:
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
+    try:
+        card = _model_card(app, data)  # before any prediction runs
+    except ApiError as exc:
+        service.refuse(request_id, kind, data, exc.message)
+        raise
     job = await service.prepare(request_id, kind, data)
     try:
-        _check_model(app, data, job.prediction.prompt_tokens)
+        _check_window(card, job.prediction.prompt_tokens)
     except ApiError as exc:
         service.reject(job, exc.message)
         raise

@@ -1,4 +1,5 @@
-"""The prediction path of one request: features, RoBERTa within a deadline, River correction."""
+"""What the core predicts from: a request's features, and RoBERTa's length within a deadline
+(the online correction and compensation happen in the scheduling core)."""
 
 from __future__ import annotations
 
@@ -8,38 +9,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from steersman.learners.batching import MicroBatcher
-from steersman.learners.corrector import BASE_KEY, LengthCorrector
+from steersman.learners.corrector import BASE_KEY
 from steersman.learners.features import request_features
 
 
 @dataclass
 class Prediction:
-    """What was predicted for a request, and the inputs the learners will learn from."""
+    """The inputs of a request's prediction, which the learners also learn from."""
 
     x: dict[str, Any]  # features, telemetry and (when there is one) the base prediction
     request_class: str
     prompt_tokens: int | None
     base: float | None  # RoBERTa's, in tokens
-    corrected: float
     path: str  # "roberta" (base + correction) or "fast" (feature-only, or RoBERTa was late)
 
 
 class Predictor:
-    """``await predict(text, ...)`` never raises; ``learn(prediction, actual)`` after a request.
-
-    ``batcher`` is None when no RoBERTa model is loaded: every request takes the fast path.
-    """
+    """``await predict(text, ...)`` never raises. ``batcher`` is None when no RoBERTa model is
+    loaded: every request takes the fast path."""
 
     def __init__(
         self,
-        corrector: LengthCorrector,
         batcher: MicroBatcher | None = None,
         *,
         deadline_s: float = 0.025,
         count_tokens: Callable[[str], int] | None = None,
         model_version: str | None = None,
     ) -> None:
-        self.corrector = corrector
         self.batcher = batcher
         self.deadline_s = deadline_s
         self.count_tokens = count_tokens
@@ -66,18 +62,13 @@ class Predictor:
             base = await self.batcher.predict(text, self.deadline_s)
             if base is not None and math.isfinite(base):
                 x[BASE_KEY] = base
-        corrected = self.corrector.predict_one(x)
         return Prediction(
             x=x,
             request_class=str(x["request_class"]),
             prompt_tokens=prompt_tokens,
             base=base,
-            corrected=corrected,
             path="roberta" if BASE_KEY in x else "fast",
         )
-
-    def learn(self, prediction: Prediction, actual: int) -> None:
-        self.corrector.learn_one(prediction.x, actual)
 
     def _count(self, text: str) -> int | None:
         if self.count_tokens is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -115,46 +114,6 @@ class PredictorSettings(_Section):
     )
 
 
-class ControllerSettings(_Section):
-    miss_threshold: float = Field(
-        default=0.3, gt=0, description="A miss: off by more than this share of the actual length."
-    )
-    miss_streak: int = Field(default=5, ge=1, description="Consecutive misses that start FALLBACK.")
-    fallback_s: float = Field(default=60.0, gt=0, description="Longest FALLBACK period.")
-    recover_hits: int = Field(
-        default=5, ge=1, description="Consecutive shadow hits that end FALLBACK early."
-    )
-    compensation_a: float = Field(default=1.2, gt=0, description="Initial a in a*length + b.")
-    compensation_b: float = Field(default=10.0, ge=0, description="Initial b in a*length + b.")
-    a_min: float = Field(default=0.5, gt=0, description="Lowest a.")
-    a_max: float = Field(default=3.0, gt=0, description="Highest a.")
-    b_max: float = Field(default=64.0, ge=0, description="Highest b.")
-    adjust_every: int = Field(
-        default=20, ge=1, description="Requests of a class between compensation adjustments."
-    )
-    window: int = Field(default=50, ge=1, description="Recent requests a class adjusts from.")
-    headroom: float = Field(
-        default=0.1, ge=0, description="How far above the actual length scheduling aims."
-    )
-    enabled: bool = Field(
-        default=True, description="false: never fall back (the 'controller disabled' baseline)."
-    )
-
-
-class DispatchSettings(_Section):
-    policy: Literal["predictive", "least-load", "round-robin", "random", "oracle"] = Field(
-        default="predictive", description="Dispatch policy in NORMAL mode."
-    )
-    aging_s: float = Field(
-        default=1.0, gt=0, description="Waiting this long outranks a prediction twice as short."
-    )
-    impact_weight: float = Field(
-        default=1.0, ge=0, description="predictive: weight of the delay added to others."
-    )
-    max_queue: int = Field(default=10_000, ge=0, description="Queued requests beyond this: 429.")
-    queue_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait in the queue.")
-
-
 class JobsSettings(_Section):
     checkpoint_interval_s: float = Field(
         default=30.0, gt=0, description="Learner, compensation and controller checkpoints."
@@ -185,9 +144,3 @@ class JobsSettings(_Section):
         default=1.0, gt=0, description="Telemetry older than this is kept one row per minute."
     )
     retention_interval_s: float = Field(default=3600.0, gt=0, description="Retention job period.")
-
-
-class DashboardSettings(_Section):
-    host: str = Field(default="127.0.0.1", description="Address the dashboard binds.")
-    port: int = Field(default=8501, ge=0, le=65535, description="Dashboard port.")
-    refresh_s: float = Field(default=5.0, gt=0, description="Live refresh interval of the pages.")

@@ -10,15 +10,14 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.control.serve.sections import (
-    ControllerSettings,
-    DashboardSettings,
-    DispatchSettings,
     GatewaySettings,
     InstanceSettings,
     JobsSettings,
     PredictorSettings,
 )
+from steersman.dashboard.settings import DashboardSettings
 from steersman.storage.engine import mask_url
 from steersman.storage.settings import StorageSettings
 from steersman.telemetry.settings import TelemetrySettings
@@ -77,6 +76,41 @@ class Settings(BaseSettings):
     jobs: JobsSettings = Field(
         default_factory=JobsSettings, description="Periodic jobs of the daemon."
     )
+
+    @field_validator("instances")
+    @classmethod
+    def _distinct(cls, instances: list[InstanceSettings]) -> list[InstanceSettings]:
+        """Names and URLs are unique; unnamed instances that would share a name are numbered."""
+        seen: dict[str, int] = {}
+        for k, spec in enumerate(instances):
+            if spec.name is not None:
+                if spec.name in seen:
+                    raise ValueError(
+                        f"instances[{seen[spec.name]}] and instances[{k}] are both named "
+                        f"{spec.name!r}"
+                    )
+                seen[spec.name] = k
+        urls: dict[str, int] = {}
+        for k, spec in enumerate(instances):
+            if spec.url is not None:
+                url = spec.url.rstrip("/")
+                if url in urls:
+                    raise ValueError(
+                        f"instances[{urls[url]}] and instances[{k}] both point at {spec.url}"
+                    )
+                urls[url] = k
+        labels = [spec.label for spec in instances]
+        named = []
+        for k, spec in enumerate(instances):
+            label = spec.label
+            if spec.name is None and (labels.count(label) > 1 or label in seen):
+                n = 1 + sum(1 for other in labels[:k] if other == label)
+                while f"{label}-{n}" in seen:
+                    n += 1
+                label = f"{label}-{n}"
+            seen.setdefault(label, k)
+            named.append(spec if spec.name else spec.model_copy(update={"name": label}))
+        return named
 
     @field_validator("data_dir")
     @classmethod
@@ -179,7 +213,8 @@ def _describe(exc: ValidationError, config_file: Path | None, env: dict[str, str
         else:
             where = ""
         value = err.get("input")
-        shown = "" if err["type"] == "missing" else f" = {_shorten(value)!r}"
+        hidden = err["type"] == "missing" or isinstance(value, list)
+        shown = "" if hidden else f" = {_shorten(value)!r}"
         lines.append(f"config error: {field}{shown}{where}: {err['msg']}")
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ class SimRequest:
     first_token_at: float | None = None
     finished_at: float | None = None
     preemptions: int = 0
+    predicted: float | None = None  # steersman's predicted length (the "steersman" policy)
     on_token: Callable[[SimRequest, float], None] | None = None
 
     @property
@@ -84,13 +86,17 @@ class EngineStats:
 
 
 class SimEngine:
-    """One simulated instance. ``policy`` is "fcfs" or "priority" (lower value first)."""
+    """One simulated instance. ``policy`` is "fcfs", "priority" (lower value first, and the
+    victim is the largest (priority, arrival), as vLLM's priority policy does) or "steersman"
+    (steersman's vLLM scheduler class: the waiting queue by predicted remaining length with
+    aging, the victim the running request with the longest predicted remaining length)."""
 
-    def __init__(self, model: StepModel, policy: str = "fcfs") -> None:
-        if policy not in ("fcfs", "priority"):
+    def __init__(self, model: StepModel, policy: str = "fcfs", aging_s: float = 1.0) -> None:
+        if policy not in ("fcfs", "priority", "steersman"):
             raise ValueError(f"unknown scheduling policy {policy!r}")
         self.model = model
         self.policy = policy
+        self.aging_s = aging_s
         self.free_blocks = model.num_blocks
         self.running: list[SimRequest] = []
         self._waiting: list[tuple[tuple[int, int], SimRequest]] = []
@@ -108,8 +114,11 @@ class SimEngine:
         request.order = next(self._order)
         heapq.heappush(self._waiting, (self._key(request), request))
 
-    def _key(self, r: SimRequest) -> tuple[int, int]:
-        return (r.priority, r.order) if self.policy == "priority" else (0, r.order)
+    def _key(self, r: SimRequest) -> tuple[float, int]:
+        if self.policy == "steersman" and r.predicted is not None:
+            # vLLM's class orders by size - waited/aging: the same order as size + arrival/aging.
+            return (math.log2(1.0 + _remaining(r)) + r.arrival / self.aging_s, r.order)
+        return (r.priority, r.order) if self.policy != "fcfs" else (0, r.order)
 
     @property
     def waiting(self) -> int:
@@ -203,6 +212,8 @@ class SimEngine:
         return self._blocks_for(head.computed + chunk) - head.blocks <= self.free_blocks
 
     def _victim(self) -> SimRequest:
+        if self.policy == "steersman":
+            return max(self.running, key=lambda r: (_steered(r), r.order))
         if self.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.order))
         return self.running[-1]
@@ -314,6 +325,19 @@ class SimEngine:
         self.stats.busy_s += plan.duration
         self.stats.finished += len(done)
         return done
+
+
+def _remaining(r: SimRequest) -> float:
+    """steersman's predicted remaining length (the rule of ``core.running``)."""
+    p = r.predicted or 0.0
+    return max(p - r.generated, 0.1 * p, 1.0)
+
+
+def _steered(r: SimRequest) -> int:
+    """A running request's priority under steersman's class; without a prediction, its own."""
+    if r.predicted is None:
+        return r.priority
+    return round(10 * math.log2(1.0 + _remaining(r)))
 
 
 def _largest(ok: Callable[[int], bool], upper: int) -> int:

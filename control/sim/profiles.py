@@ -21,6 +21,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from steersman.learners.latency import StepCoefficients
+
 
 @dataclass(frozen=True)
 class StepModel:
@@ -56,6 +58,10 @@ class StepModel:
             + self.d * context_tokens
             + self.e * joins
         )
+
+    def coefficients(self, context_tokens: int = 512) -> StepCoefficients:
+        """The step model at a typical context, as the latency model's starting point."""
+        return StepCoefficients(self.a, self.c + self.d * context_tokens, self.b)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -216,7 +216,7 @@ def test_unknown_named_query_lists_the_valid_names():
         named_sql("nope", "sqlite")
 
 
-def test_the_readme_shows_each_named_query_as_it_runs():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_storage_page_shows_each_named_query_as_it_runs():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "storage.md").read_text()
     for name in NAMED:
         assert f"```sql\n{named_sql(name, 'sqlite')}\n```" in readme, name

@@ -6,15 +6,15 @@ import pytest
 
 from steersman.control.core.controller import (
     Compensation,
-    ControllerConfig,
     ControllerState,
     Outcome,
     is_miss,
     observe,
     tick,
 )
+from steersman.control.core.settings import ControllerSettings
 
-CFG = ControllerConfig(adjust_every=1000)  # compensation left alone in the transition tables
+CFG = ControllerSettings(adjust_every=1000)  # compensation left alone in the transition tables
 HIT = Outcome("chat", scheduled=100, corrected=80, actual=100)
 MISS = Outcome("chat", scheduled=300, corrected=250, actual=100)
 
@@ -100,7 +100,7 @@ def test_fallback_asks_for_a_hot_update_once():
 
 
 def test_fallback_can_be_disabled():
-    config = ControllerConfig(adjust_every=1000, fallback_enabled=False)
+    config = ControllerSettings(adjust_every=1000, enabled=False)
     modes, events, _, state = run([(t, "miss") for t in range(12)], config)
     assert modes == [N] * 12 and events == [] and state.streak == 12
 
@@ -122,7 +122,7 @@ def test_is_miss(scheduled, actual, max_tokens, miss):
 
 
 def test_compensation_moves_towards_actual_lengths_within_bounds():
-    config = ControllerConfig(adjust_every=10, window=10, headroom=0.1, step=0.5)
+    config = ControllerSettings(adjust_every=10, window=10, headroom=0.1, step=0.5)
     state = ControllerState()
     events = []
     # The corrected prediction is twice the truth: 1.2 * 200 + 10 = 250 scheduled for 100.
@@ -136,13 +136,13 @@ def test_compensation_moves_towards_actual_lengths_within_bounds():
     assert comp.a < 1.2 and comp.b < 10  # both scaled down
     assert not is_miss(comp.apply(200), 100, None, 0.3)  # the misses stopped
     assert 100 < comp.apply(200) < 125  # about headroom above the truth
-    assert comp.a >= config.a_bounds[0]
+    assert comp.a >= config.a_min
     assert events[0].details["previous_a"] == 1.2
     assert state.compensation_for("chat", config) == Compensation(1.2, 10.0)
 
 
 def test_compensation_bounds_hold():
-    config = ControllerConfig(adjust_every=5, window=5, a_bounds=(0.9, 1.5), b_bounds=(0, 20))
+    config = ControllerSettings(adjust_every=5, window=5, a_min=0.9, a_max=1.5, b_max=20)
     state = ControllerState()
     for t in range(200):  # predictions far too short: a would grow without bound
         state = observe(state, Outcome("chat", 10, 8, 1000), float(t), config).state
@@ -151,7 +151,7 @@ def test_compensation_bounds_hold():
 
 
 def test_censored_outcomes_do_not_move_compensation():
-    config = ControllerConfig(adjust_every=5)
+    config = ControllerSettings(adjust_every=5)
     state = ControllerState()
     for t in range(50):
         state = observe(state, Outcome("chat", 900, 800, 64, max_tokens=64), float(t), config).state

@@ -11,11 +11,11 @@ from steersman.control.core.policies import (
     least_load,
     oracle,
     predictive,
-    priority_key,
     random_choice,
     rollout,
     round_robin,
 )
+from steersman.control.core.priority import priority_key
 
 
 def ctx(views, predicted=100.0, counter=0, true_tokens=None, request_id="r1"):

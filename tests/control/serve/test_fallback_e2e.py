@@ -1,5 +1,6 @@
 """End to end through the gateway: a deliberately wrong predictor drives exactly 5 misses,
-FALLBACK starts, dispatch is round-robin while it lasts, NORMAL returns; the events are in SQL."""
+FALLBACK starts, dispatch is the fallback policy while it lasts, NORMAL returns; the events are
+in SQL."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_five_misses_fallback_round_robin_then_normal(tmp_path):
         tmp_path,
         SIMS,
         controller={"fallback_s": 3.0, "recover_hits": 1000, "adjust_every": 1000},
-        dispatch={"policy": "least-load"},
+        dispatch={"policy": "predictive", "fallback_policy": "round-robin"},
     )
     with running(settings) as (daemon, url):
         client = httpx.Client(base_url=url, timeout=30)
@@ -62,7 +63,7 @@ def test_five_misses_fallback_round_robin_then_normal(tmp_path):
         "round-robin"
     }
     assert [r.instance for r in during] in (["sim-a", "sim-b"] * 2, ["sim-b", "sim-a"] * 2)
-    assert rows[9].mode == "NORMAL" and rows[9].policy == "least-load"
+    assert rows[9].mode == "NORMAL" and rows[9].policy == "predictive"
     assert [(e.from_mode, e.to_mode) for e in events] == [
         ("NORMAL", "FALLBACK"),
         ("FALLBACK", "NORMAL"),

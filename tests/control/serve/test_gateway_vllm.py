@@ -109,7 +109,8 @@ def test_client_leaving_mid_stream_cancels_the_upstream_request(gateway, vllm_se
         for server in vllm_servers:
             m = asyncio.run(_scrape(server.url))
             running += m.running or 0
-        return running == 0 and not any(i.in_flight for i in daemon.service.instances.values())
+        core = daemon.service.scheduler
+        return running == 0 and not any(core.in_flight(n) for n in daemon.service.instances)
 
     wait_until(upstream_idle, 30, "vLLM to drop the abandoned request")
     assert daemon.writer.flush(20)

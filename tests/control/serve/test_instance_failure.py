@@ -69,9 +69,9 @@ def test_sigkill_one_server_under_load(vllm_servers, tiny_model, tmp_path):
 
         sender = threading.Thread(target=lambda: asyncio.run(load()))
         sender.start()
-        flying = daemon.service.instances["vllm-1"].in_flight  # id -> [predicted, produced]
+        core = daemon.service.scheduler
         wait_until(
-            lambda: any(produced > 0 for _, produced in list(flying.values())),
+            lambda: any(produced > 0 for produced in core.running("vllm-1").values()),
             60,
             "a request streaming from the victim",
         )

@@ -18,16 +18,13 @@ import pytest
 from sqlalchemy import text
 
 from steersman.control.backends.vllm_server import free_port
-from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
-from steersman.control.serve.service import Steersman
 from steersman.learners.batching import MicroBatcher
-from steersman.learners.corrector import LengthCorrector
 from steersman.storage.engine import make_engine
 from tests.conftest import count, wait_until
 from tests.control.serve.serving import running, settings_for
 from tests.control.serve.test_daemon import start, write_config
-from tests.control.serve.test_service import Recorder, complete, sim
+from tests.control.serve.test_service import complete, service, sim
 
 SIMS = [{"name": "sim-a", "sim": "cpu-tiny"}, {"name": "sim-b", "sim": "cpu-tiny"}]
 MODEL = "steersman-sim"
@@ -160,13 +157,8 @@ def test_failing_telemetry_and_nan_predictions_do_not_stop_the_loop():
 
     async def main():
         batcher = MicroBatcher(lambda texts: [math.nan] * len(texts))
-        record = Recorder()
-        svc = Steersman(
-            [sim("a")],
-            Predictor(LengthCorrector(), batcher, deadline_s=1.0),
-            record=record,
-            metrics=Metrics(),
-            telemetry=broken,
+        svc, record = service(
+            [sim("a")], predictor=Predictor(batcher, deadline_s=1.0), telemetry=broken
         )
         try:
             chunks = await complete(svc, "r1", 4)

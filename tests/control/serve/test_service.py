@@ -9,11 +9,12 @@ import pytest
 from steersman.control.backends.base import InstanceUnavailable
 from steersman.control.backends.sim import SimBackend
 from steersman.control.backends.vllm_http import VllmHttpBackend
-from steersman.control.core.controller import ControllerConfig
-from steersman.control.serve.admission import QueueFull
+from steersman.control.core.scheduler import QueueFull, Scheduler
+from steersman.control.core.settings import ControllerSettings, DispatchSettings
+from steersman.control.serve.instances import Instance
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
-from steersman.control.serve.service import Instance, NoInstance, Steersman
+from steersman.control.serve.service import NoInstance, Steersman
 from steersman.control.sim.profiles import load_profile
 from steersman.learners.corrector import LengthCorrector
 from steersman.learners.latency import LatencyModel, StepCoefficients
@@ -39,9 +40,24 @@ class Recorder:
         self.rows.setdefault(table, []).append(row)
 
 
-def service(instances, **kw) -> tuple[Steersman, Recorder]:
+def service(
+    instances,
+    *,
+    controller: ControllerSettings | None = None,
+    predictor: Predictor | None = None,
+    **kw,
+) -> tuple[Steersman, Recorder]:
+    """A shell with its own core; ``kw`` names dispatch settings or the shell's own options."""
+    dispatch = {k: kw.pop(k) for k in list(kw) if k in DispatchSettings.model_fields}
+    core = Scheduler(
+        DispatchSettings(**dispatch),
+        controller or ControllerSettings(),
+        corrector=LengthCorrector(),
+    )
     record = Recorder()
-    svc = Steersman(instances, Predictor(LengthCorrector()), record=record, metrics=Metrics(), **kw)
+    svc = Steersman(
+        instances, predictor or Predictor(), core, record=record, metrics=Metrics(), **kw
+    )
     return svc, record
 
 
@@ -129,7 +145,7 @@ def test_full_queue_is_refused():
         first = asyncio.create_task(complete(svc, "r1", 20))
         await asyncio.sleep(0)
         second = asyncio.create_task(complete(svc, "r2", 20))
-        while svc.admission.depth < 1:
+        while svc.scheduler.depth < 1:
             await asyncio.sleep(0)
         with pytest.raises(QueueFull):
             await complete(svc, "r3", 2)
@@ -146,12 +162,12 @@ def test_cancelled_request_frees_its_slot_and_is_recorded():
         inst = sim("a", cap=1)
         svc, record = service([inst])
         task = asyncio.create_task(complete(svc, "gone", 500))
-        while not inst.in_flight or inst.backend.engine.stats.steps < 3:
+        while not svc.scheduler.in_flight("a") or inst.backend.engine.stats.steps < 3:
             await asyncio.sleep(0.005)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert not inst.in_flight
+        assert not svc.scheduler.in_flight("a")
         assert not inst.backend.engine.has_work()  # the upstream request was aborted
         await complete(svc, "next", 2)  # and the slot is free again
         return record
@@ -167,7 +183,8 @@ def test_fallback_switches_to_round_robin_and_resets_the_corrector():
         hot: list[str] = []
         svc, record = service(
             [sim("a"), sim("b")],
-            controller=ControllerConfig(miss_streak=3, adjust_every=1000),
+            controller=ControllerSettings(miss_streak=3, adjust_every=1000),
+            fallback_policy="round-robin",
             on_hot_update=hot.append,
         )
         # Predictions far above the truth: the fast predictor starts at 128 tokens.
@@ -181,7 +198,7 @@ def test_fallback_switches_to_round_robin_and_resets_the_corrector():
             job = await svc.prepare(f"n{k}", "completion", body)
             async for _ in svc.run(job):
                 pass
-        mode = svc.state.mode
+        mode = svc.scheduler.state.mode
         for k in range(4):
             job = await svc.prepare(
                 f"f{k}", "completion", {"model": "m", "prompt": "x", "max_tokens": 3}

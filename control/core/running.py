@@ -1,0 +1,120 @@
+"""Every request steersman has at an instance, kept as vectors (instance, scheduled length, tokens
+produced, prompt length), so a decision over a thousand requests in flight and many instances
+costs a handful of array operations instead of a Python loop per request.
+
+>>> f = InFlight(["a", "b"])
+>>> f.add("r1", "a", scheduled=100.0, prompt=20)
+>>> f.add("r2", "a", scheduled=10.0, prompt=5)
+>>> f.add("r3", "b", scheduled=40.0, prompt=8)
+>>> f.progress("r1", 30)
+>>> f.progress("r2", 12)  # past its prediction: at least a tenth of it (and a token) is left
+>>> f.remaining_of("a").tolist(), f.count("a")
+([70.0, 1.0], 2)
+>>> f.shared(50.0).tolist()  # per instance: the steps a newcomer of 50 tokens shares
+[51.0, 40.0]
+>>> f.remove("r1")
+'a'
+>>> f.count("a"), f.produced_of("a")
+(1, {'r2': 12})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class InFlight:
+    def __init__(self, instances: Iterable[str] = (), capacity: int = 256) -> None:
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        self.counts: list[int] = []
+        for name in instances:
+            self.instance(name)
+        self.ids: list[str] = []
+        self._slot: dict[str, int] = {}
+        self.inst = np.zeros(capacity, dtype=np.intp)
+        self.scheduled = np.zeros(capacity)
+        self.produced = np.zeros(capacity)
+        self.prompt = np.zeros(capacity)
+
+    def instance(self, name: str) -> int:
+        """The instance's index (instances are numbered as they are first seen)."""
+        k = self.index.get(name)
+        if k is None:
+            k = self.index[name] = len(self.counts)
+            self.names.append(name)
+            self.counts.append(0)
+        return k
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def count(self, name: str) -> int:
+        k = self.index.get(name)
+        return 0 if k is None else self.counts[k]
+
+    def add(self, rid: str, name: str, scheduled: float, prompt: int) -> None:
+        n = len(self.ids)
+        if n == len(self.scheduled):
+            for attr in ("inst", "scheduled", "produced", "prompt"):
+                old = getattr(self, attr)
+                grown = np.zeros(2 * n, dtype=old.dtype)
+                grown[:n] = old
+                setattr(self, attr, grown)
+        k = self.instance(name)
+        self._slot[rid] = n
+        self.ids.append(rid)
+        self.inst[n], self.scheduled[n], self.produced[n], self.prompt[n] = k, scheduled, 0, prompt
+        self.counts[k] += 1
+
+    def remove(self, rid: str) -> str | None:
+        """Free the request's slot (the last request moves into it); the instance it was at."""
+        j = self._slot.pop(rid, None)
+        if j is None:
+            return None
+        k = int(self.inst[j])
+        self.counts[k] -= 1
+        last = len(self.ids) - 1
+        moved = self.ids.pop()
+        if j != last:
+            self.ids[j] = moved
+            self._slot[moved] = j
+            for array in (self.inst, self.scheduled, self.produced, self.prompt):
+                array[j] = array[last]
+        return self.names[k]
+
+    def progress(self, rid: str, produced: int) -> None:
+        j = self._slot.get(rid)
+        if j is not None:
+            self.produced[j] = produced
+
+    def remaining(self) -> np.ndarray:
+        """Predicted output tokens left per request: the prediction less what was produced, but
+        at least a tenth of the prediction and one token (a request past its prediction is not
+        done)."""
+        n = len(self.ids)
+        s = self.scheduled[:n]
+        return np.maximum(np.maximum(s - self.produced[:n], 0.1 * s), 1.0)
+
+    def remaining_of(self, name: str) -> np.ndarray:
+        k = self.index.get(name)
+        if k is None:
+            return np.zeros(0)
+        return self.remaining()[self.inst[: len(self.ids)] == k]
+
+    def shared(self, length: float) -> np.ndarray:
+        """Per instance (by index): ``sum(min(remaining, length))``, the decode steps a newcomer
+        of ``length`` tokens would share with the requests already there."""
+        n = len(self.ids)
+        weights = np.minimum(self.remaining(), length)
+        return np.bincount(self.inst[:n], weights=weights, minlength=len(self.counts))
+
+    def produced_of(self, name: str) -> dict[str, int]:
+        k = self.index.get(name)
+        return {
+            rid: int(self.produced[j])
+            for rid, j in self._slot.items()
+            if k is not None and self.inst[j] == k
+        }

@@ -1,0 +1,75 @@
+"""Settings of the scheduling core: the controller's thresholds and the dispatch policy, as the
+one settings tree holds them; the core's functions take these models as they are."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PolicyName = Literal["predictive", "least-load", "round-robin", "random", "oracle"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ControllerSettings(_Section):
+    miss_threshold: float = Field(
+        default=0.3, gt=0, description="A miss: off by more than this share of the actual length."
+    )
+    miss_streak: int = Field(default=5, ge=1, description="Consecutive misses that start FALLBACK.")
+    fallback_s: float = Field(default=60.0, gt=0, description="Longest FALLBACK period.")
+    recover_hits: int = Field(
+        default=5, ge=1, description="Consecutive shadow hits that end FALLBACK early."
+    )
+    compensation_a: float = Field(default=1.2, gt=0, description="Initial a in a*length + b.")
+    compensation_b: float = Field(default=10.0, ge=0, description="Initial b in a*length + b.")
+    a_min: float = Field(default=0.5, gt=0, description="Lowest a.")
+    a_max: float = Field(default=3.0, gt=0, description="Highest a.")
+    b_max: float = Field(default=64.0, ge=0, description="Highest b.")
+    adjust_every: int = Field(
+        default=20, ge=1, description="Requests of a class between compensation adjustments."
+    )
+    window: int = Field(default=50, ge=1, description="Recent requests a class adjusts from.")
+    headroom: float = Field(
+        default=0.1, ge=0, description="How far above the actual length scheduling aims."
+    )
+    step: float = Field(
+        default=0.5, gt=0, le=1, description="Share of the way an adjustment moves a and b."
+    )
+    min_change: float = Field(
+        default=0.02, ge=0, description="Smaller changes of a are not made (no churn)."
+    )
+    enabled: bool = Field(
+        default=True, description="false: never fall back (the 'controller disabled' baseline)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ControllerSettings:
+        if self.a_min > self.a_max:
+            raise ValueError(f"a_min {self.a_min} is above a_max {self.a_max}")
+        return self
+
+
+class DispatchSettings(_Section):
+    policy: PolicyName = Field(default="predictive", description="Dispatch policy in NORMAL mode.")
+    fallback_policy: Literal["least-load", "round-robin"] = Field(
+        default="least-load",
+        description="Dispatch in FALLBACK, when the predictions are not trusted: the best "
+        "policy that needs none (round-robin is the source design's choice).",
+    )
+    admission: Literal["count", "none"] = Field(
+        default="count",
+        description="count: an instance takes at most its max_in_flight, the rest wait in "
+        "steersman's queue, ordered by prediction; none: every request goes out on arrival "
+        "(a plain load balancer, the baseline).",
+    )
+    aging_s: float = Field(
+        default=1.0, gt=0, description="Waiting this long outranks a prediction twice as short."
+    )
+    impact_weight: float = Field(
+        default=1.0, ge=0, description="predictive: weight of the delay added to others."
+    )
+    max_queue: int = Field(default=10_000, ge=0, description="Queued requests beyond this: 429.")
+    queue_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait in the queue.")

@@ -1,0 +1,74 @@
+"""Serving instances at run time: a backend, its latency model and what was last measured of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from steersman.control.backends.base import Backend
+from steersman.control.backends.sim import SimBackend
+from steersman.control.backends.vllm_http import VllmHttpBackend
+from steersman.control.core.scheduler import InstanceState
+from steersman.control.serve.sections import GatewaySettings, InstanceSettings
+from steersman.control.sim.profiles import load_profile
+from steersman.learners.latency import LatencyModel, StepCoefficients
+
+DEFAULT_URL_PROFILE = "a100-llama2-7b"
+
+
+@dataclass
+class Instance:
+    """One serving instance. ``kv_usage`` and ``waiting`` come from the engine (simulated) or
+    its /metrics (vLLM); ``coefficients`` cache the latency model's step times, re-read when it
+    learns or the KV usage moves, so a decision costs no model evaluation."""
+
+    name: str
+    backend: Backend
+    latency: LatencyModel
+    cap: int = 32
+    send_priority: bool = True
+    healthy: bool = True
+    kv_usage: float | None = None
+    waiting: int = 0
+    coefficients: StepCoefficients | None = None
+
+    def refresh(self) -> None:
+        self.coefficients = self.latency.coefficients({"kv_usage": self.kv_usage})
+
+    def state(self) -> InstanceState:
+        if self.coefficients is None:
+            self.refresh()
+        assert self.coefficients is not None
+        return InstanceState(
+            self.name,
+            healthy=self.healthy,
+            cap=self.cap,
+            kv_usage=self.kv_usage,
+            waiting=self.waiting,
+            step=self.coefficients,
+        )
+
+
+def make_instance(
+    spec: InstanceSettings, gateway: GatewaySettings, count: Callable[[str], int] | None
+) -> Instance:
+    profile = load_profile(spec.profile or spec.sim or DEFAULT_URL_PROFILE)
+    if spec.sim is not None:
+        backend: Any = SimBackend(spec.label, load_profile(spec.sim), count_tokens=count)
+    else:
+        key = spec.api_key.get_secret_value() if spec.api_key else None
+        backend = VllmHttpBackend(
+            spec.label,
+            spec.url or "",
+            connect_timeout_s=gateway.connect_timeout_s,
+            read_timeout_s=gateway.read_timeout_s,
+            api_key=key,
+        )
+    return Instance(
+        spec.label,
+        backend,
+        LatencyModel(profile.coefficients()),
+        cap=spec.max_in_flight,
+        send_priority=spec.priority,
+    )

@@ -1,0 +1,76 @@
+"""The scheduling core driven in virtual time: arrivals and completions of simulated engines go
+into the one ``Scheduler`` the daemon serves with, and its assignments go out to the engines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from steersman.control.core.scheduler import Arrival, InstanceState, Outcome, Scheduler
+from steersman.control.sim.engine import SimEngine, SimRequest
+from steersman.learners.latency import StepCoefficients
+
+
+class CoreDriver:
+    """The ``Router`` of ``run_cluster`` around a scheduler. ``features[request id]`` holds each
+    request's predictor features (with ``request_class``, and the base model's prediction when
+    there is one); ``cap`` is each engine's cap, ``step`` the latency model the core plans with.
+    Engine ``k`` is the instance named ``str(k)``."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        step: StepCoefficients,
+        *,
+        features: Mapping[str, Mapping[str, Any]] | None = None,
+        cap: int = 1 << 30,
+    ) -> None:
+        self.scheduler = scheduler
+        self.step = step
+        self.features = features or {}
+        self.cap = cap
+        self._requests: dict[str, SimRequest] = {}
+
+    def arrive(
+        self, req: SimRequest, engines: Sequence[SimEngine], now: float
+    ) -> Iterable[tuple[int, SimRequest]]:
+        x = self.features.get(req.id, {})
+        arrival = Arrival(
+            req.id,
+            req.prompt_tokens,
+            x,
+            request_class=str(x.get("request_class", "other")),
+            true_tokens=req.output_tokens,
+        )
+        self.scheduler.add(arrival, now)
+        self._requests[req.id] = req
+        return self._schedule(engines, now)
+
+    def finished(
+        self, done: list[SimRequest], engines: Sequence[SimEngine], now: float
+    ) -> Iterable[tuple[int, SimRequest]]:
+        for req in done:
+            self._requests.pop(req.id, None)
+            self.scheduler.finish(req.id, Outcome(req.generated), now)
+        return self._schedule(engines, now)
+
+    def _schedule(self, engines: Sequence[SimEngine], now: float) -> list[tuple[int, SimRequest]]:
+        scheduler = self.scheduler
+        scheduler.tick(now)
+        if scheduler.depth:  # what the running requests produced matters only to a decision
+            for req in self._requests.values():
+                if req.generated:
+                    scheduler.progress(req.id, req.generated)
+        states = [
+            InstanceState(
+                str(k), cap=self.cap, kv_usage=e.kv_usage(), waiting=e.waiting, step=self.step
+            )
+            for k, e in enumerate(engines)
+        ]
+        out = []
+        for a in scheduler.schedule(states, now):
+            req = self._requests[a.request_id]
+            req.priority = a.priority
+            req.predicted = a.scheduled
+            out.append((int(a.instance), req))
+        return out
