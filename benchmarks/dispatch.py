@@ -2,9 +2,11 @@
 
 Run from the repository root:  python -m benchmarks.dispatch
 For 2, 8 and 32 instances with 32 requests in flight each, and 16 instances with 1,000 requests
-in flight between them (predicted remaining lengths, tokens produced so far, and a trained
-latency model per instance), each decision reads every instance's state and asks the scheduling
-core to place one new request (``Scheduler.schedule``: the instance views plus one policy call).
+in flight between them (predicted remaining lengths, tokens produced so far, a trained latency
+model per instance, and KV caches that the requests nearly fill, so the KV admission projects
+every instance's footprint), each decision reads every instance's state and asks the scheduling
+core to place one new request (``Scheduler.schedule``: the KV projection, the instance views and
+one policy call, with the default settings).
 Prints one JSON object per (policy, instances) with P50/P99/mean microseconds (model inference
 excluded). Target: P99 under 0.5 ms at 16 instances with 1,000 in flight.
 """
@@ -25,7 +27,16 @@ from steersman.storage.query import percentile
 POLICIES = ("predictive", "least-load", "round-robin")
 
 
-def cluster(n: int, rng: random.Random) -> list[Instance]:
+class KvInstance(Instance):
+    """An instance whose KV cache holds what the benchmark's requests need, with little spare."""
+
+    def state(self):
+        state = super().state()
+        state.kv_capacity = 800 * self.cap
+        return state
+
+
+def cluster(n: int, rng: random.Random) -> list[KvInstance]:
     instances = []
     for k in range(n):
         model = LatencyModel(StepCoefficients(0.01, 0.0005, 1e-4), warmup=10)
@@ -34,7 +45,7 @@ def cluster(n: int, rng: random.Random) -> list[Instance]:
             model.learn_one(
                 {"running": running, "prompt_tokens": 200}, 0.01 + 0.0005 * running, 0.05
             )
-        inst = Instance(f"i{k}", backend=None, latency=model)  # type: ignore[arg-type]
+        inst = KvInstance(f"i{k}", backend=None, latency=model)  # type: ignore[arg-type]
         inst.kv_usage = rng.random()
         inst.refresh()
         instances.append(inst)

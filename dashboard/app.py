@@ -100,6 +100,17 @@ def predictions(engine, since) -> None:
         return
     _chart(charts.predicted_vs_actual(done))
     _chart(charts.error_histogram(done))
+    st.subheader("Band coverage per request class")
+    st.caption(
+        "Each prediction comes with a band (by default its 20th to 80th percentile, calibrated "
+        "online): the share of actual lengths inside it should hold at the band's coverage. A "
+        "miss is an actual length more than 30% outside the band the request was scheduled with."
+    )
+    coverage = data.band_coverage(done)
+    if len(coverage):
+        _chart(charts.lines(coverage, "ts", "coverage", "request_class", "band coverage"))
+    else:
+        st.caption("No banded predictions in this window.")
     left, right = st.columns(2)
     left.subheader("By request class")
     left.dataframe(data.accuracy_by(done, "request_class"), hide_index=True)
@@ -124,6 +135,14 @@ def controller(engine, since) -> None:
         st.dataframe(periods, hide_index=True)
     else:
         st.caption("No FALLBACK in this window.")
+    reqs = data.requests(engine, since)
+    done = reqs[reqs["actual_tokens"].notna()] if len(reqs) else reqs
+    shares = data.loop_shares(done)
+    st.subheader("Miss rate, FALLBACK share and fast-path share")
+    if len(shares):
+        _chart(charts.lines(shares, "ts", "value", "share", "share of requests"))
+    else:
+        st.caption("No finished requests in this window.")
     comp = data.compensation(evts)
     st.subheader("Compensation per request class (scheduled = a x predicted + b)")
     if len(comp):
@@ -183,6 +202,10 @@ def instances(engine, since) -> None:
             series = stats[stats[column].notna()]
             if len(series):
                 _chart(charts.lines(series, "ts", column, "instance", title))
+    hits = data.prefix_hits(stats) if len(stats) else stats
+    if len(hits):
+        st.subheader("Prefix-cache hit rate (as the servers report it)")
+        st.dataframe(hits, hide_index=True)
     if len(done):
         st.subheader("Latency per instance")
         st.dataframe(data.instance_latency(done), hide_index=True)

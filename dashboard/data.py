@@ -64,6 +64,11 @@ def requests(engine: Engine, since: datetime | None) -> pd.DataFrame:
         r.base_prediction,
         r.corrected_prediction,
         r.scheduled_prediction,
+        r.band_low,
+        r.band_high,
+        r.prompt_tokens,
+        r.expected_cached_tokens,
+        r.cached_tokens,
         r.actual_tokens,
         r.rel_error,
         r.miss,
@@ -232,6 +237,55 @@ def instance_latency(done: pd.DataFrame) -> pd.DataFrame:
         rows,
         columns=["instance", "requests", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"],
     )
+
+
+def band_coverage(done: pd.DataFrame, bucket: str = "1min") -> pd.DataFrame:
+    """Per request class and time bucket: the share of requests whose actual length fell
+    inside the band they were scheduled with (its target is the band's coverage)."""
+    banded = done[done["band_low"].notna() & done["band_high"].notna()]
+    if not len(banded):
+        return pd.DataFrame(columns=["ts", "request_class", "coverage", "requests"])
+    inside = (banded["actual_tokens"] >= banded["band_low"]) & (
+        banded["actual_tokens"] <= banded["band_high"]
+    )
+    frame = banded.assign(ts=banded["finished_at"].dt.floor(bucket), inside=inside)
+    out = frame.groupby(["ts", "request_class"]).agg(
+        coverage=("inside", "mean"), requests=("inside", "size")
+    )
+    return out.reset_index()
+
+
+def loop_shares(done: pd.DataFrame, bucket: str = "1min") -> pd.DataFrame:
+    """Per time bucket: the miss rate, the share of requests dispatched in FALLBACK and the
+    share predicted on the fast path (RoBERTa late or absent), long form for one chart."""
+    if not len(done):
+        return pd.DataFrame(columns=["ts", "share", "value"])
+    frame = done.assign(
+        ts=done["finished_at"].dt.floor(bucket),
+        miss_rate=done["miss"].astype(float),
+        fallback=(done["mode"] == "FALLBACK").astype(float),
+        fast_path=(done["predictor_path"] == "fast").astype(float),
+    )
+    wide = frame.groupby("ts")[["miss_rate", "fallback", "fast_path"]].mean().reset_index()
+    return wide.melt(id_vars="ts", var_name="share", value_name="value")
+
+
+def prefix_hits(stats: pd.DataFrame) -> pd.DataFrame:
+    """Per instance, the prefix-cache hit rate the server reported (tokens found cached over
+    tokens looked up), from its counters' first and last scrape in the window."""
+    rows = []
+    counted = stats[stats["prefix_cache_queries"].notna()] if len(stats) else stats
+    for name, group in counted.groupby("instance"):
+        queries = group["prefix_cache_queries"].iloc[-1] - group["prefix_cache_queries"].iloc[0]
+        hits = group["prefix_cache_hits"].iloc[-1] - group["prefix_cache_hits"].iloc[0]
+        rows.append(
+            {
+                "instance": name,
+                "queried_tokens": queries,
+                "hit_rate": hits / queries if queries else None,
+            }
+        )
+    return pd.DataFrame(rows, columns=["instance", "queried_tokens", "hit_rate"])
 
 
 def now_utc() -> datetime:

@@ -18,13 +18,15 @@ TRACES = {
     "azure_code": "azure_llm_2023_code.csv",
     "mooncake": "mooncake_conversation.csv",
 }
+# The Mooncake trace again, with each request's prefix-block hash ids (512 tokens a block).
+PREFIX_TRACES = {"mooncake_hashes": "mooncake_conversation_hashes.jsonl.gz"}
 
 
 def path(name: str) -> Path:
     """The file of a bundled prompt set or trace, by short name or file name."""
-    filename = PROMPT_SETS.get(name) or TRACES.get(name) or name
+    filename = PROMPT_SETS.get(name) or TRACES.get(name) or PREFIX_TRACES.get(name) or name
     located = resources.files(__name__) / filename
     if not located.is_file():
-        known = ", ".join([*PROMPT_SETS, *TRACES])
+        known = ", ".join([*PROMPT_SETS, *TRACES, *PREFIX_TRACES])
         raise FileNotFoundError(f"no bundled data set {name!r}; known: {known}")
     return Path(str(located))

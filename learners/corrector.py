@@ -1,22 +1,39 @@
 """The online corrector: River regressors that learn from every finished request.
 
 With a base prediction (RoBERTa's) it learns the residual ``log1p(actual) - log1p(base)`` from
-request features and telemetry; without one it is the fast feature-only predictor, learning
-``log1p(actual)`` directly. A River ADWIN detector on the absolute log error flags drift.
+request features and telemetry; without one it is the fast feature-only predictor: the request
+class's mean ``log1p(length)`` so far plus what the features say about the difference (so that
+even the fast path orders requests). A River ADWIN detector on the absolute log error flags drift.
+
+Beside the point, a band: the prediction times the ``(1 - c) / 2`` and ``(1 + c) / 2`` quantiles
+of ``log1p(actual) - log1p(predicted)`` over the class's recent requests (River's rolling
+quantiles: the jackknife's conformal interval, per class). It holds coverage ``c`` by construction
+over the window, and widens or narrows as the predictions get worse or better.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from river import compose, drift, linear_model, optim, preprocessing
+from river import compose, drift, linear_model, optim, preprocessing, stats, utils
 
 from steersman.learners.features import CLASSES
 from steersman.learners.metrics import ProgressiveScore
 
 BASE_KEY = "base_tokens"
+DEFAULT_SPREAD = math.log(2.0)  # a class's band before it has outcomes: a factor of 2 each way
+
+
+@dataclass(frozen=True)
+class Band:
+    """A prediction in tokens with its band: ``lo <= mid <= hi``."""
+
+    lo: float
+    mid: float
+    hi: float
 
 
 _NUMBER_TYPES = (float, int, bool)
@@ -67,6 +84,9 @@ class LengthCorrector:
         drift_delta: float = 0.002,
         max_tokens: int = 32_768,
         direct_prior: float = 128.0,
+        coverage: float = 0.6,
+        band_window: int = 200,
+        band_min: int = 20,
     ) -> None:
         self.lr = lr
         self.l2 = l2
@@ -75,6 +95,12 @@ class LengthCorrector:
         self.drift_delta = drift_delta
         self.max_tokens = max_tokens
         self.direct_prior = direct_prior
+        self.coverage = coverage
+        self.band_window = band_window
+        self.band_min = band_min
+        self.band_resets = 0  # bands that came out NaN or inverted: reset, never used
+        self.bands: dict[str, tuple[stats.RollingQuantile, stats.RollingQuantile, int]] = {}
+        self.class_means: dict[str, utils.Rolling] = {}
         self.residual = _model(lr, l2, intercept_lr)
         self.direct = _model(lr, l2, intercept_lr)
         self.detector = drift.ADWIN(delta=drift_delta)
@@ -87,16 +113,37 @@ class LengthCorrector:
     def predict_one(self, x: Mapping[str, Any]) -> float:
         return self._predict(_numeric(x), x)
 
+    def predict_band(self, x: Mapping[str, Any]) -> Band:
+        """The prediction with its band (see the module docstring)."""
+        mid = self.predict_one(x)
+        cls = str(x.get("request_class", "other"))
+        low, high = -DEFAULT_SPREAD, DEFAULT_SPREAD
+        got = self.bands.get(cls)
+        if got is not None and got[2] >= self.band_min:
+            low, high = got[0].get(), got[1].get()
+            if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+                self.band_resets += 1
+                del self.bands[cls]
+                low, high = -DEFAULT_SPREAD, DEFAULT_SPREAD
+        base = math.log1p(mid)
+        upper = self._upper(x.get("max_tokens"))
+        lo = min(max(math.expm1(base + low), 1.0), mid)
+        hi = min(max(math.expm1(min(base + high, 50.0)), mid), max(upper, mid))
+        return Band(lo, mid, hi)
+
+    def _class_mean(self, x: Mapping[str, Any]) -> float:
+        mean = self.class_means.get(str(x.get("request_class", "other")))
+        return mean.get() if mean is not None and mean.obj.n else math.log1p(self.direct_prior)
+
     def _predict(self, features: dict[str, float], x: Mapping[str, Any]) -> float:
         base = _finite(x.get(BASE_KEY))
         if base is not None:
             residual = self.residual.predict_one(features)
             # A correction beyond a factor of e^3 (about 20) is not a correction.
             log_pred = math.log1p(max(base, 0.0)) + max(-3.0, min(3.0, residual))
-        elif self.learned:
-            log_pred = self.direct.predict_one(features)
         else:
-            log_pred = math.log1p(self.direct_prior)
+            offset = self.direct.predict_one(features) if self.learned else 0.0
+            log_pred = self._class_mean(x) + max(-3.0, min(3.0, offset))
         return self._clamp(log_pred, x.get("max_tokens"))
 
     def learn_one(self, x: Mapping[str, Any], y: float) -> None:
@@ -108,23 +155,46 @@ class LengthCorrector:
         predicted = self._predict(features, x)
         self.score.update(predicted, actual)
         target = math.log1p(actual)
+        cls = str(x.get("request_class", "other"))
+        self._learn_band(cls, target - math.log1p(predicted))
         if base is not None:
             self.base_score.update(base, actual)
             self.residual.learn_one(features, target - math.log1p(max(base, 0.0)))
-        self.direct.learn_one(features, target)
+        self.direct.learn_one(features, target - self._class_mean(x))
+        means = self.class_means.get(cls)
+        if means is None:
+            means = self.class_means[cls] = utils.Rolling(stats.Mean, window_size=500)
+        means.update(target)
         self.learned += 1
         self.detector.update(abs(math.log1p(predicted) - target))
         if self.detector.drift_detected:
             self.drifts.append(self.learned)
 
+    def _learn_band(self, cls: str, error: float) -> None:
+        got = self.bands.get(cls)
+        if got is None:
+            half = (1 - self.coverage) / 2
+            got = (
+                stats.RollingQuantile(half, self.band_window),
+                stats.RollingQuantile(1 - half, self.band_window),
+                0,
+            )
+        got[0].update(error)
+        got[1].update(error)
+        self.bands[cls] = (got[0], got[1], got[2] + 1)
+
     def reset(self) -> None:
-        """Forget what was learned online (the controller's hot model update)."""
+        """Forget what was learned online (the controller's hot model update). The bands stay:
+        they describe the recent errors, which are what tells a broken predictor."""
         self.residual = _model(self.lr, self.l2, self.intercept_lr)
         self.direct = _model(self.lr, self.l2, self.intercept_lr)
         self.detector = drift.ADWIN(delta=self.drift_delta)
 
+    def _upper(self, max_tokens: Any) -> float:
+        return float(max_tokens) if _finite(max_tokens) and max_tokens > 0 else self.max_tokens
+
     def _clamp(self, log_pred: float, max_tokens: Any) -> float:
-        upper = float(max_tokens) if _finite(max_tokens) and max_tokens > 0 else self.max_tokens
+        upper = self._upper(max_tokens)
         if not math.isfinite(log_pred):
             self.clamped += 1
             return upper if log_pred > 0 else 1.0

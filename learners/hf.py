@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
+    AutoConfig,
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
@@ -24,6 +25,9 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
+# Encoders RobertaForSequenceClassification loads: roberta-base, distilroberta-base (model_type
+# roberta), xlm-roberta, camembert.
+ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
 SPECIAL = {"bos": "<s>", "eos": "</s>", "pad": "<pad>", "unk": "<unk>"}
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -118,6 +122,15 @@ def _train_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast
     )
 
 
+def list_mle(scores: Any, targets: Any) -> Any:
+    """ListMLE (Xia et al. 2008): the negative log-likelihood of the true order of a list under
+    the Plackett-Luce model of ``scores``, per item."""
+    order = torch.argsort(targets, descending=True)
+    s = scores[order]
+    tail = torch.logcumsumexp(s.flip(0), dim=0).flip(0)  # log sum over each item and below
+    return (tail - s).mean()
+
+
 class RobertaLengthModel:
     """``RobertaForSequenceClassification(num_labels=1, problem_type="regression")`` on
     ``log1p(tokens)``. ``from_scratch`` builds a small RoBERTa and a byte-level BPE tokenizer
@@ -162,10 +175,26 @@ class RobertaLengthModel:
 
     @classmethod
     def load(
-        cls, directory: Path, *, device: str = "cpu", max_length: int = 256
+        cls,
+        directory: Path,
+        *,
+        device: str = "cpu",
+        max_length: int = 256,
+        quantize: bool = False,
     ) -> RobertaLengthModel:
-        """Open a saved or pretrained directory; raise ValueError if it is not a usable model."""
+        """Open a saved or pretrained directory; raise ValueError if it is not a usable model.
+        ``quantize`` serves the linear layers in dynamic int8 (CPU inference several times
+        faster, for a small loss of accuracy)."""
         directory = Path(directory)
+        try:
+            config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"{directory}: not a loadable model: {exc}") from None
+        if config.model_type not in ROBERTA_FAMILY:
+            raise ValueError(
+                f"{directory}: model_type {config.model_type!r} is not a RoBERTa-family encoder "
+                f"({', '.join(ROBERTA_FAMILY)}): the length model needs one"
+            )
         try:
             tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
             model = RobertaForSequenceClassification.from_pretrained(
@@ -177,6 +206,8 @@ class RobertaLengthModel:
             )
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise ValueError(f"{directory}: not a loadable RoBERTa model: {exc}") from None
+        if quantize and device == "cpu":
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, torch.qint8)
         # RoBERTa numbers positions from pad_token_id + 1: the window is what is left.
         window = model.config.max_position_embeddings - (model.config.pad_token_id or 0) - 1
         return cls(model, tokenizer, min(max_length, window), device)
@@ -228,9 +259,12 @@ class RobertaLengthModel:
         time_budget_s: float | None = None,
         seed: int = 0,
         progress: Any = None,
+        rank_weight: float = 0.0,
     ) -> dict[str, Any]:
-        """Train with AdamW on MSE, keep the best validation epoch, stop early on no gain or
-        when the time budget is spent. ``progress(step, total, info)`` is called per batch."""
+        """Train with AdamW on MSE of ``log1p(tokens)``, plus ``rank_weight`` times ListMLE over
+        each batch (the output still reads as tokens, and orders requests better); keep the best
+        validation epoch, stop early on no gain or when the time budget is spent.
+        ``progress(step, total, info)`` is called per batch."""
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         head = getattr(getattr(self.model, "classifier", None), "out_proj", None)
@@ -252,9 +286,11 @@ class RobertaLengthModel:
                 idx = order[b * batch_size : (b + 1) * batch_size]
                 input_ids, mask = self._encode([texts[i] or " " for i in idx])
                 labels = torch.tensor([targets_log[i] for i in idx], dtype=torch.float32)
-                loss = self.model(
-                    input_ids=input_ids, attention_mask=mask, labels=labels.to(self.device)
-                ).loss
+                labels = labels.to(self.device)
+                out = self.model(input_ids=input_ids, attention_mask=mask, labels=labels)
+                loss = out.loss
+                if rank_weight > 0:
+                    loss = loss + rank_weight * list_mle(out.logits.squeeze(-1), labels)
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)

@@ -59,6 +59,10 @@ class RequestRow(Base):
     base_prediction: Mapped[float | None] = mapped_column(Float)
     corrected_prediction: Mapped[float | None] = mapped_column(Float)
     scheduled_prediction: Mapped[float | None] = mapped_column(Float)
+    band_low: Mapped[float | None] = mapped_column(Float)  # the band it was scheduled with
+    band_high: Mapped[float | None] = mapped_column(Float)
+    expected_cached_tokens: Mapped[int | None] = mapped_column(Integer)  # by steersman
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)  # as the server reported
     actual_tokens: Mapped[int | None] = mapped_column(Integer)
     abs_error: Mapped[float | None] = mapped_column(Float)
     rel_error: Mapped[float | None] = mapped_column(Float)
@@ -124,6 +128,8 @@ class InstanceStatsRow(Base):
     ttft_mean_s: Mapped[float | None] = mapped_column(Float)
     itl_mean_s: Mapped[float | None] = mapped_column(Float)
     in_flight: Mapped[int | None] = mapped_column(Integer)
+    prefix_cache_queries: Mapped[float | None] = mapped_column(Float)  # tokens, cumulative
+    prefix_cache_hits: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (Index(None, "ts"), Index(None, "instance", "ts"))
 

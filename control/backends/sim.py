@@ -28,7 +28,8 @@ def _prompt_text(request: GenerationRequest) -> str:
 
 class SimBackend:
     """Steps a SimEngine on the event loop, sleeping each step's modelled duration, and streams
-    vLLM-shaped chunks with per-chunk usage. A request generates ``max_tokens`` tokens (as with
+    vLLM-shaped chunks with per-chunk usage. Its engine schedules as vLLM does with steersman's
+    scheduler class. A request generates ``max_tokens`` tokens (as with
     ``ignore_eos``), or ``vllm_xargs["sim_output_tokens"]`` when given and smaller."""
 
     def __init__(
@@ -36,7 +37,7 @@ class SimBackend:
         name: str,
         model: StepModel,
         *,
-        policy: str = "priority",
+        policy: str = "steersman",
         count_tokens: Callable[[str], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         model_name: str = "steersman-sim",
@@ -88,6 +89,7 @@ class SimBackend:
             prompt_tokens,
             output,
             priority=request.priority or 0,
+            predicted=_predicted(request.xargs),
             on_token=lambda r, t: queue.put_nowait((t, r.generated)),
         )
         delay = self.engine.model.admission(self.engine.has_work())
@@ -129,6 +131,13 @@ class SimBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+def _predicted(xargs: dict[str, Any] | None) -> float | None:
+    """steersman's predicted length, as its vLLM scheduler class reads it."""
+    value = (xargs or {}).get("steersman_predicted_tokens")
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    return float(value) if ok else None
 
 
 def _chunk(

@@ -29,7 +29,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 PREDICTED = "steersman_predicted_tokens"
 AGING = "steersman_aging_s"
-DEFAULT_AGING_S = 1.0
+DEFAULT_AGING_S = 2.0
 
 
 def predicted_remaining(predicted: float, produced: int) -> float:

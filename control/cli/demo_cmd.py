@@ -67,6 +67,7 @@ def demo_command(
         demo_workload,
         run_demo,
     )
+    from steersman.control.serve.admin import admin_state
     from steersman.control.serve.daemon import GatewayFailed
     from steersman.control.training.bundled import ensure_length_model
 
@@ -107,7 +108,7 @@ def demo_command(
             failed += 0 if outcome.ok else 1
             info = ""
             if "daemon" in state:
-                snap = state["daemon"].service.snapshot()
+                snap = admin_state(state["daemon"].service)
                 score = snap["predictor"]
                 within = score.get("within_30")
                 info = (

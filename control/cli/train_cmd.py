@@ -10,9 +10,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from steersman.control.serve.settings import Settings
-from steersman.control.training.length_model import SMALL, TINY, register, train_length_model
+from steersman.control.training.length_model import (
+    SMALL,
+    TINY,
+    TrainedModel,
+    register,
+    train_length_model,
+)
 from steersman.control.training.retrain import history_records
 from steersman.control.training.tiny_model import served_model
 from steersman.data import PROMPT_SETS, path
@@ -26,7 +33,7 @@ from steersman.storage.engine import (
     mask_url,
 )
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class Size(StrEnum):
@@ -46,7 +53,8 @@ def train_command(
     base_model: Annotated[
         Path | None,
         typer.Option(
-            help="Local HF encoder to fine-tune (e.g. roberta-base); none trains from scratch."
+            help="A local Hugging Face RoBERTa-family directory to fine-tune (roberta-base, "
+            "distilroberta-base); none trains a small one from scratch, offline."
         ),
     ] = None,
     tokenizer: Annotated[
@@ -80,6 +88,17 @@ def train_command(
     ] = False,
     promote: Annotated[
         bool, typer.Option(help="Mark it promoted: `steersman serve` then loads it by default.")
+    ] = False,
+    rank_weight: Annotated[
+        float,
+        typer.Option(min=0.0, help="Weight of the ranking loss (ListMLE) beside the regression."),
+    ] = 1.0,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            help="Also train with the regression alone on the same split and report both, per "
+            "prompt set: Kendall tau, within-30% and MAE."
+        ),
     ] = False,
 ) -> None:
     """Train the length regressor on log1p(tokens), validate on held-out prompt groups, save a
@@ -129,20 +148,35 @@ def train_command(
                 info=f"epoch {info['epoch']} loss {info['loss']:.3f}",
             )
 
-        trained = train_length_model(
-            records,
-            counter,
-            out_dir=out,
-            models_dir=settings.data_dir / "models",
-            lengths=lengths,
-            base_model=base_model,
-            scratch=SIZES[size],
-            epochs=epochs,
-            time_budget_s=time_budget,
-            val_fraction=val_fraction,
-            seed=seed,
-            progress=tick,
-        )
+        def train(weight: float, where: Path | None) -> TrainedModel:
+            return train_length_model(
+                records,
+                counter,
+                out_dir=where,
+                models_dir=settings.data_dir / "models",
+                lengths=lengths,
+                base_model=base_model,
+                scratch=SIZES[size],
+                epochs=epochs,
+                time_budget_s=time_budget,
+                val_fraction=val_fraction,
+                seed=seed,
+                progress=tick,
+                rank_weight=weight,
+            )
+
+        try:
+            baseline = train(0.0, None) if compare and rank_weight > 0 else None
+            trained = train(rank_weight, out)
+        except ValueError as exc:  # a base model that is not a RoBERTa-family encoder
+            failure = str(exc)
+        else:
+            failure = None
+    if failure is not None:
+        err.print(f"error: {failure}", markup=False)
+        raise typer.Exit(2)
+    if baseline is not None:
+        Console(width=120).print(_comparison(baseline, trained, rank_weight))
     target_dir, metrics, version = trained.directory, trained.metrics, trained.version
     try:
         engine = make_engine(settings.database_url)
@@ -159,3 +193,26 @@ def train_command(
         f"{metrics['train_seconds']} s)",
         markup=False,
     )
+
+
+def _comparison(regression: TrainedModel, combined: TrainedModel, weight: float) -> Table:
+    table = Table(
+        "prompt set", "objective", "rows", "Kendall tau", "within 30%", "MAE (tokens)",
+        title="Validation on held-out prompt groups",
+    )  # fmt: skip
+    for label, trained in (("regression", regression), (f"+ {weight:g} x ListMLE", combined)):
+        per_set = trained.metrics["val_per_set"]
+        overall = {
+            "n": trained.val_rows,
+            "kendall_tau": trained.metrics["val_kendall_tau"],
+            "within_30": trained.metrics["val_within_30"],
+            "mae": trained.metrics["val_mae_tokens"],
+        }
+        for name, got in [*per_set.items(), ("all", overall)]:
+            table.add_row(name, label, str(got["n"]), *(_num(got[k]) for k in
+                          ("kendall_tau", "within_30", "mae")))  # fmt: skip
+    return table
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -32,13 +32,15 @@ class Compensation:
 @dataclass(frozen=True)
 class Outcome:
     """A finished request as the controller sees it. ``scheduled`` is the compensated prediction
-    the request was scheduled with; ``corrected`` the prediction before compensation."""
+    the request was scheduled with; ``corrected`` the prediction before compensation; ``band``
+    the compensated band it was scheduled with (``None``: the point is all there is)."""
 
     request_class: str
     scheduled: float
     corrected: float
     actual: int
     max_tokens: int | None = None
+    band: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,18 +79,35 @@ class Step:
     hot_update: bool = False  # the loop resets the corrector and asks for early retraining
 
 
-def is_miss(scheduled: float, actual: int, max_tokens: int | None, threshold: float) -> bool:
-    """Off by more than ``threshold`` of the actual length. A request cut off by its own
-    ``max_tokens`` says only that the true length is at least that: compare against
-    ``min(prediction, max_tokens)``.
+def is_miss(
+    scheduled: float,
+    actual: int,
+    max_tokens: int | None,
+    threshold: float,
+    band: tuple[float, float] | None = None,
+) -> bool:
+    """With a ``band``: the actual length lies more than ``threshold`` outside it (below
+    ``(1 - threshold) * low`` or above ``(1 + threshold) * high``). Without one: the point is
+    off by more than ``threshold`` of the actual length. A request cut off by its own
+    ``max_tokens`` says only that the true length is at least that: the prediction (and band)
+    counts as at most ``max_tokens``.
 
     >>> is_miss(130, 100, None, 0.3), is_miss(131, 100, None, 0.3)
     (False, True)
     >>> is_miss(900, 64, 64, 0.3)  # censored at 64: predicting more is not a miss
     False
+    >>> is_miss(300, 100, None, 0.3, band=(120, 600))  # 100 is within 30% of the band
+    False
+    >>> is_miss(300, 800, None, 0.3, band=(120, 600)), is_miss(300, 50, None, 0.3, (120, 600))
+    (True, True)
     """
-    predicted = min(scheduled, max_tokens) if max_tokens else scheduled
-    return not within(predicted, actual, threshold)
+    if band is None:
+        predicted = min(scheduled, max_tokens) if max_tokens else scheduled
+        return not within(predicted, actual, threshold)
+    low, high = band
+    if max_tokens:
+        low, high = min(low, max_tokens), min(high, max_tokens)
+    return actual > (1 + threshold) * high or actual < (1 - threshold) * low
 
 
 def observe(
@@ -104,7 +123,10 @@ def observe(
     >>> s.mode, step.hot_update, step.events[0].reason
     ('FALLBACK', True, '5 consecutive misses over 30%')
     """
-    miss = is_miss(outcome.scheduled, outcome.actual, outcome.max_tokens, config.miss_threshold)
+    band = outcome.band if config.miss_rule == "band" else None
+    miss = is_miss(
+        outcome.scheduled, outcome.actual, outcome.max_tokens, config.miss_threshold, band
+    )
     events: list[Event] = []
     hot = False
     if state.mode == "NORMAL":

@@ -80,6 +80,10 @@ class RequestRecord:
     base_prediction: float | None = None
     corrected_prediction: float | None = None
     scheduled_prediction: float | None = None
+    band_low: float | None = None
+    band_high: float | None = None
+    expected_cached_tokens: int | None = None
+    cached_tokens: int | None = None
     model_version: str | None = None
     actual_tokens: int | None = None
     abs_error: float | None = None
@@ -108,7 +112,10 @@ class RequestRecord:
         for name in self._TIMES:
             out[name] = wall(out[name])
         out["features"] = {k: v for k, v in self.features.items() if _jsonable(v)}
-        for name in ("base_prediction", "corrected_prediction", "scheduled_prediction"):
+        for name in (
+            "base_prediction", "corrected_prediction", "scheduled_prediction", "band_low",
+            "band_high",
+        ):  # fmt: skip
             if out[name] is not None and not math.isfinite(out[name]):
                 out[name] = None
         return out

@@ -1,6 +1,6 @@
-"""Every request steersman has at an instance, kept as vectors (instance, scheduled length, tokens
-produced, prompt length), so a decision over a thousand requests in flight and many instances
-costs a handful of array operations instead of a Python loop per request.
+"""Every request steersman has at an instance, kept as vectors (instance, request class, scheduled
+length, tokens produced, prompt length), so a decision over a thousand requests in flight and many
+instances costs a handful of array operations instead of a Python loop per request.
 
 >>> f = InFlight(["a", "b"])
 >>> f.add("r1", "a", scheduled=100.0, prompt=20)
@@ -24,6 +24,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from steersman.learners.remaining import RemainingLength, remaining
+
 
 class InFlight:
     def __init__(self, instances: Iterable[str] = (), capacity: int = 256) -> None:
@@ -34,7 +36,9 @@ class InFlight:
             self.instance(name)
         self.ids: list[str] = []
         self._slot: dict[str, int] = {}
+        self.classes: list[str] = []
         self.inst = np.zeros(capacity, dtype=np.intp)
+        self.cls = np.zeros(capacity, dtype=np.intp)
         self.scheduled = np.zeros(capacity)
         self.produced = np.zeros(capacity)
         self.prompt = np.zeros(capacity)
@@ -55,10 +59,12 @@ class InFlight:
         k = self.index.get(name)
         return 0 if k is None else self.counts[k]
 
-    def add(self, rid: str, name: str, scheduled: float, prompt: int) -> None:
+    def add(
+        self, rid: str, name: str, scheduled: float, prompt: int, request_class: str = "other"
+    ) -> None:
         n = len(self.ids)
         if n == len(self.scheduled):
-            for attr in ("inst", "scheduled", "produced", "prompt"):
+            for attr in ("inst", "cls", "scheduled", "produced", "prompt"):
                 old = getattr(self, attr)
                 grown = np.zeros(2 * n, dtype=old.dtype)
                 grown[:n] = old
@@ -66,7 +72,10 @@ class InFlight:
         k = self.instance(name)
         self._slot[rid] = n
         self.ids.append(rid)
-        self.inst[n], self.scheduled[n], self.produced[n], self.prompt[n] = k, scheduled, 0, prompt
+        if request_class not in self.classes:
+            self.classes.append(request_class)
+        self.inst[n], self.cls[n] = k, self.classes.index(request_class)
+        self.scheduled[n], self.produced[n], self.prompt[n] = scheduled, 0, prompt
         self.counts[k] += 1
 
     def remove(self, rid: str) -> str | None:
@@ -81,7 +90,7 @@ class InFlight:
         if j != last:
             self.ids[j] = moved
             self._slot[moved] = j
-            for array in (self.inst, self.scheduled, self.produced, self.prompt):
+            for array in (self.inst, self.cls, self.scheduled, self.produced, self.prompt):
                 array[j] = array[last]
         return self.names[k]
 
@@ -90,13 +99,26 @@ class InFlight:
         if j is not None:
             self.produced[j] = produced
 
-    def remaining(self) -> np.ndarray:
-        """Predicted output tokens left per request: the prediction less what was produced, but
-        at least a tenth of the prediction and one token (a request past its prediction is not
-        done)."""
+    def remaining(self, learned: RemainingLength | None = None) -> np.ndarray:
+        """Expected output tokens left per request, refined with what each produced so far by
+        the ``learned`` distribution of its class (see ``learners.remaining``); without one, the
+        prediction less what was produced, but at least a tenth of it and one token."""
         n = len(self.ids)
-        s = self.scheduled[:n]
-        return np.maximum(np.maximum(s - self.produced[:n], 0.1 * s), 1.0)
+        s, g = self.scheduled[:n], self.produced[:n]
+        out = remaining(s, g, None)
+        if learned is not None:
+            cls = self.cls[:n]
+            for c, name in enumerate(self.classes):
+                table = learned.table(name)
+                if table is not None:
+                    mine = cls == c
+                    out[mine] = remaining(s[mine], g[mine], table)
+        return out
+
+    def size(self) -> np.ndarray:
+        """The tokens each request holds now: prompt and what it produced."""
+        n = len(self.ids)
+        return self.prompt[:n] + self.produced[:n]
 
     def remaining_of(self, name: str) -> np.ndarray:
         k = self.index.get(name)
@@ -104,11 +126,12 @@ class InFlight:
             return np.zeros(0)
         return self.remaining()[self.inst[: len(self.ids)] == k]
 
-    def shared(self, length: float) -> np.ndarray:
+    def shared(self, length: float, left: np.ndarray | None = None) -> np.ndarray:
         """Per instance (by index): ``sum(min(remaining, length))``, the decode steps a newcomer
-        of ``length`` tokens would share with the requests already there."""
+        of ``length`` tokens would share with the requests already there (``left``: their
+        remaining lengths, when already computed)."""
         n = len(self.ids)
-        weights = np.minimum(self.remaining(), length)
+        weights = np.minimum(self.remaining() if left is None else left, length)
         return np.bincount(self.inst[:n], weights=weights, minlength=len(self.counts))
 
     def produced_of(self, name: str) -> dict[str, int]:

@@ -12,18 +12,23 @@ import heapq
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+import numpy as np
+
 from steersman.control.core import controller as ctl
+from steersman.control.core.admission import KvRoom
 from steersman.control.core.policies import POLICIES, DispatchContext, InstanceView
+from steersman.control.core.prefix import PrefixIndex, block_hashes
 from steersman.control.core.priority import priority_key, vllm_priority
 from steersman.control.core.running import InFlight
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
-from steersman.learners.corrector import BASE_KEY
+from steersman.learners.corrector import BASE_KEY, Band
 from steersman.learners.latency import StepCoefficients
+from steersman.learners.remaining import RemainingLength
 
-Admission = Literal["count", "none"]
+Admission = Literal["kv", "count", "none"]
 DEFAULT_STEP = StepCoefficients(0.01, 0.0005, 0.0001)
 PREDICTIVE = frozenset({"predictive", "oracle"})  # the policies that read predicted lengths
 
@@ -35,14 +40,14 @@ class QueueFull(Exception):
 class Learner(Protocol):
     """The online length predictor the core consults and teaches (River's shape)."""
 
-    def predict_one(self, x: Mapping[str, Any]) -> float: ...
+    def predict_band(self, x: Mapping[str, Any]) -> Band: ...
 
     def learn_one(self, x: Mapping[str, Any], y: float) -> None: ...
 
     def reset(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: the shell builds one per instance per decision
 class InstanceState:
     """What the shell measures of one instance, handed in with every ``schedule`` call."""
 
@@ -52,6 +57,8 @@ class InstanceState:
     kv_usage: float | None = None
     waiting: int = 0  # in the engine's own queue
     step: StepCoefficients = DEFAULT_STEP
+    kv_capacity: int | None = None  # KV cache tokens; None: unknown, the count cap alone holds
+    block: int = 16  # tokens per KV block
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,8 @@ class Arrival:
     request_class: str = "other"
     max_tokens: int | None = None
     true_tokens: int | None = None
+    prefix: tuple[int, ...] = ()  # the prompt's segment hashes (core.prefix)
+    segment_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +85,8 @@ class Ticket:
     scheduled: float  # after compensation: what the scheduler plans with
     key: float  # its place in the queue (lower first)
     priority: int  # vLLM's priority
+    low: float = 0.0  # the band it is scheduled with, compensated like the point
+    high: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +98,7 @@ class Assignment:
     policy: str
     mode: ctl.Mode
     running: int  # requests steersman had there before this one
+    cached_tokens: int = 0  # of its prompt, what steersman expects the instance holds cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +120,8 @@ class Report:
 class SchedulerStats:
     decisions: int = 0
     fallback_decisions: int = 0
+    kv_held: int = 0  # times the head waited for KV room that its count cap would have given
+    kv_overrides: int = 0  # requests admitted on measured room the projection did not see
     scored: int = 0
     misses: int = 0
     fallbacks: int = 0
@@ -124,10 +138,12 @@ class _Entry:
 class Scheduler:
     """One scheduling core over the instances the shell describes at each call.
 
-    ``admission`` is ``"count"`` (steersman's queue: an instance takes at most its cap) or
-    ``"none"`` (every request goes out on arrival, as a plain load balancer does; the caps are
+    ``dispatch.admission`` decides when a waiting request may go to an instance: ``kv`` (while
+    the KV cache its requests there will need stays under ``target_fill``, and within its cap),
+    ``count`` (within its cap) or ``none`` (at once, as a plain load balancer sends it; caps are
     ignored). ``priorities`` False sends vLLM priority 0 (its FCFS order). ``corrector`` None
-    plans with the base prediction in ``x`` as it is.
+    plans with the base prediction in ``x`` as it is. ``remaining`` learns how actual lengths
+    compare with scheduled ones, to refine what is left of a request while it decodes.
 
     >>> s = Scheduler(DispatchSettings(policy="round-robin"), ControllerSettings())
     >>> s.add(Arrival("r1", 10, {"base_tokens": 40.0}), now=0.0).scheduled  # 1.2 * 40 + 10
@@ -146,7 +162,7 @@ class Scheduler:
         controller: ControllerSettings,
         *,
         corrector: Learner | None = None,
-        admission: Admission = "count",
+        remaining: RemainingLength | None = None,
         priorities: bool = True,
         origin: float = 0.0,
         state: ctl.ControllerState | None = None,
@@ -155,7 +171,7 @@ class Scheduler:
         self.dispatch = dispatch
         self.controller = controller
         self.corrector = corrector
-        self.admission = admission
+        self.remaining = remaining if remaining is not None else RemainingLength()
         self.priorities = priorities
         self.origin = origin
         self.state = state or ctl.ControllerState(since=origin)
@@ -166,6 +182,7 @@ class Scheduler:
         self._seq = itertools.count()
         self._entries: dict[str, _Entry] = {}
         self._running = InFlight()
+        self._prefixes: dict[str, PrefixIndex] = {}  # what each instance likely holds cached
         self._counter = 0
         self._waiting = 0
 
@@ -180,7 +197,7 @@ class Scheduler:
         """Predict, compensate and queue a request; raises QueueFull beyond ``max_queue``."""
         if arrival.request_id in self._entries:
             raise ValueError(f"request {arrival.request_id!r} is already scheduled")
-        if self.admission != "none" and self.depth >= self.dispatch.max_queue:
+        if self.dispatch.admission != "none" and self.depth >= self.dispatch.max_queue:
             raise QueueFull(f"{self.depth} requests already waiting")
         ticket = self._ticket(arrival, now)
         self._entries[arrival.request_id] = _Entry(arrival, ticket)
@@ -189,29 +206,35 @@ class Scheduler:
         return ticket
 
     def _ticket(self, arrival: Arrival, now: float) -> Ticket:
-        corrected = self._predict(arrival)
+        band = self._predict(arrival)
+        corrected = band.mid
         if self.dispatch.policy == "oracle" and arrival.true_tokens is not None:
-            scheduled = corrected  # the truth is not compensated
+            points = (band.lo, corrected, band.hi)  # the truth is not compensated
         else:
             comp = self.state.compensation_for(arrival.request_class, self.controller)
-            scheduled = comp.apply(corrected)
-        if not math.isfinite(scheduled) or scheduled < 1.0:
-            scheduled = max(corrected, 1.0) if math.isfinite(corrected) else self.default_tokens
-        if arrival.max_tokens:
-            scheduled = min(scheduled, float(arrival.max_tokens))
+            points = (comp.apply(band.lo), comp.apply(corrected), comp.apply(band.hi))
+        cap = float(arrival.max_tokens) if arrival.max_tokens else math.inf
+        fallback = corrected if math.isfinite(corrected) else self.default_tokens
+        low, scheduled, high = (
+            min(max(p, 1.0), cap) if math.isfinite(p) else min(max(fallback, 1.0), cap)
+            for p in points
+        )
         ordered = self.priorities and self.state.mode == "NORMAL"
         key = priority_key(scheduled if ordered else 0.0, now, self.dispatch.aging_s)
         priority = vllm_priority(key, self.origin, self.dispatch.aging_s) if self.priorities else 0
-        return Ticket(corrected, scheduled, key, priority)
+        return Ticket(
+            corrected, scheduled, key, priority, min(low, scheduled), max(high, scheduled)
+        )
 
-    def _predict(self, arrival: Arrival) -> float:
+    def _predict(self, arrival: Arrival) -> Band:
         if self.dispatch.policy == "oracle" and arrival.true_tokens is not None:
-            return float(arrival.true_tokens)
+            truth = float(arrival.true_tokens)
+            return Band(truth, truth, truth)
         if self.corrector is not None:
-            value = self.corrector.predict_one(arrival.x)
-        else:
-            value = arrival.x.get(BASE_KEY, self.default_tokens)
-        return float(value) if _finite(value) else self.default_tokens
+            return self.corrector.predict_band(arrival.x)
+        value = arrival.x.get(BASE_KEY, self.default_tokens)
+        value = float(value) if _finite(value) else self.default_tokens
+        return Band(value, value, value)
 
     # -- decisions ------------------------------------------------------------------------------
 
@@ -223,7 +246,12 @@ class Scheduler:
         fallback = self.state.mode == "FALLBACK" and self.dispatch.policy in PREDICTIVE
         policy = POLICIES[self.dispatch.fallback_policy] if fallback else self._policy
         flying = self._running
-        order = [flying.instance(i.name) for i in instances]
+        kv = (
+            KvRoom(instances, self._running, self.dispatch)
+            if self.dispatch.admission == "kv"
+            else None
+        )
+        order = np.array([flying.instance(i.name) for i in instances], dtype=np.intp)
         views = [self._view(i) for i in instances]
         out: list[Assignment] = []
         while self._queue:
@@ -232,21 +260,36 @@ class Scheduler:
             if entry is None or entry.instance is not None:
                 heapq.heappop(self._queue)  # aborted, or requeued with a fresher heap entry
                 continue
-            a = entry.arrival
+            a, t = entry.arrival, entry.ticket
+            left = flying.remaining(self.remaining)
+            blocks = [self._blocks(a, i) for i in instances]
+            cached = [self._cached(i, b) for i, b in zip(instances, blocks, strict=True)]
+            offered, forced = views, set()
+            if kv is not None:
+                room, forced = kv.decide(a.prompt_tokens, t.scheduled, left, cached)
+                offered = [
+                    v if ok else replace(v, room=False) for v, ok in zip(views, room, strict=True)
+                ]
+            if any(cached):
+                offered = [
+                    replace(v, cached_tokens=c) if c else v
+                    for v, c in zip(offered, cached, strict=True)
+                ]
             decision = policy(
                 DispatchContext(
-                    views,
+                    offered,
                     rid,
-                    entry.ticket.scheduled,
+                    t.scheduled,
                     a.prompt_tokens,
                     now,
                     self._counter,
                     true_tokens=a.true_tokens,
                     impact_weight=self.dispatch.impact_weight,
-                    shared=lambda length: flying.shared(length)[order],
+                    shared=lambda length, left=left: flying.shared(length, left)[order],
                 )
             )
             if decision.instance is None:
+                self.stats.kv_held += kv is not None and any(v.free for v in views)
                 break
             heapq.heappop(self._queue)
             self._waiting -= 1
@@ -254,29 +297,45 @@ class Scheduler:
             self.stats.decisions += 1
             self.stats.fallback_decisions += fallback
             name = decision.instance
+            self.stats.kv_overrides += name in forced
+            k = next(k for k, v in enumerate(views) if v.name == name)
             out.append(
                 Assignment(
-                    rid,
-                    name,
-                    entry.ticket.priority,
-                    entry.ticket.scheduled,
-                    decision.policy,
-                    self.state.mode,
-                    flying.count(name),
+                    rid, name, t.priority, t.scheduled, decision.policy, self.state.mode,
+                    flying.count(name), cached[k],
                 )
-            )
+            )  # fmt: skip
             entry.instance = name
-            flying.add(rid, name, entry.ticket.scheduled, a.prompt_tokens)
-            k = next(k for k, v in enumerate(views) if v.name == name)
+            flying.add(rid, name, t.scheduled, a.prompt_tokens, a.request_class)
+            if blocks[k]:
+                self._prefixes[name].touch(blocks[k])
             views[k] = self._view(instances[k])
         return out
+
+    def _blocks(self, a: Arrival, instance: InstanceState) -> tuple[int, ...]:
+        if not a.prefix:
+            return ()
+        return block_hashes(a.prefix, a.segment_tokens, a.prompt_tokens, instance.block)
+
+    def _cached(self, instance: InstanceState, blocks: tuple[int, ...]) -> int:
+        """Prompt tokens the instance likely holds cached: the leading blocks of the prompt among
+        those of the prompts sent there, as many as its KV cache holds remembered."""
+        if not blocks:
+            return 0
+        capacity = (instance.kv_capacity or 1 << 22) // max(instance.block, 1)
+        index = self._prefixes.get(instance.name)
+        if index is None:
+            index = self._prefixes[instance.name] = PrefixIndex(capacity)
+        elif index.capacity != capacity:
+            index.resize(capacity)
+        return index.cached(blocks) * instance.block
 
     def _view(self, instance: InstanceState) -> InstanceView:
         c = instance.step
         return InstanceView(
             instance.name,
             in_flight=self._running.count(instance.name),
-            cap=1 << 30 if self.admission == "none" else instance.cap,
+            cap=1 << 30 if self.dispatch.admission == "none" else instance.cap,
             healthy=instance.healthy,
             kv_usage=instance.kv_usage,
             waiting=instance.waiting,
@@ -325,11 +384,24 @@ class Scheduler:
         a, t = entry.arrival, entry.ticket
         if self.corrector is not None:
             self.corrector.learn_one(a.x, outcome.actual)
+        if not outcome.cut_off:  # a cut-off length says only "at least"
+            self.remaining.learn_one(
+                {"request_class": a.request_class, "scheduled": t.scheduled}, outcome.actual
+            )
         if self.dispatch.policy == "oracle":
             return Report()  # the truth is never a miss, and never falls back
         censored = a.max_tokens if outcome.cut_off else None
-        observed = ctl.Outcome(a.request_class, t.scheduled, t.corrected, outcome.actual, censored)
+        observed = ctl.Outcome(
+            a.request_class, t.scheduled, t.corrected, outcome.actual, censored, (t.low, t.high)
+        )
         return self._apply(ctl.observe(self.state, observed, now, self.controller))
+
+    def forget(self) -> None:
+        """A new length model serves: what was learned against the old one (the corrector's
+        residuals, the compensation of its bias) starts over."""
+        if self.corrector is not None:
+            self.corrector.reset()
+        self.state = replace(self.state, compensation={}, ratios={}, seen={})
 
     def tick(self, now: float) -> Report:
         """Time passing: FALLBACK ends after ``fallback_s`` even with no traffic."""

@@ -7,7 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PolicyName = Literal["predictive", "least-load", "round-robin", "random", "oracle"]
+PolicyName = Literal[
+    "predictive", "least-load", "prefix-affinity", "round-robin", "random", "oracle"
+]
 
 
 class _Section(BaseModel):
@@ -16,12 +18,21 @@ class _Section(BaseModel):
 
 class ControllerSettings(_Section):
     miss_threshold: float = Field(
-        default=0.3, gt=0, description="A miss: off by more than this share of the actual length."
+        default=0.3,
+        gt=0,
+        description="A miss: the actual length more than this share outside the band the request "
+        "was scheduled with (miss_rule band), or the point off by more than this share of the "
+        "actual length (miss_rule point).",
+    )
+    miss_rule: Literal["band", "point"] = Field(
+        default="band",
+        description="band: misses mean the predictor broke (the world's own spread is in the "
+        "band); point: the source design's rule, which a heavy-tailed length mostly misses.",
     )
     miss_streak: int = Field(default=5, ge=1, description="Consecutive misses that start FALLBACK.")
     fallback_s: float = Field(default=60.0, gt=0, description="Longest FALLBACK period.")
     recover_hits: int = Field(
-        default=5, ge=1, description="Consecutive shadow hits that end FALLBACK early."
+        default=20, ge=1, description="Consecutive shadow hits that end FALLBACK early."
     )
     compensation_a: float = Field(default=1.2, gt=0, description="Initial a in a*length + b.")
     compensation_b: float = Field(default=10.0, ge=0, description="Initial b in a*length + b.")
@@ -59,14 +70,27 @@ class DispatchSettings(_Section):
         description="Dispatch in FALLBACK, when the predictions are not trusted: the best "
         "policy that needs none (round-robin is the source design's choice).",
     )
-    admission: Literal["count", "none"] = Field(
-        default="count",
-        description="count: an instance takes at most its max_in_flight, the rest wait in "
-        "steersman's queue, ordered by prediction; none: every request goes out on arrival "
-        "(a plain load balancer, the baseline).",
+    admission: Literal["kv", "count", "none"] = Field(
+        default="kv",
+        description="kv: a request goes to an instance only while the KV cache its requests "
+        "there will need, rolled forward over their predicted lengths, stays under target_fill "
+        "(and within max_in_flight); count: max_in_flight only; none: every request goes out "
+        "on arrival (a plain load balancer, the baseline). The rest wait in steersman's queue, "
+        "shortest predicted first with aging.",
+    )
+    target_fill: float = Field(
+        default=0.95, gt=0, le=1, description="kv: the share of an instance's KV cache to fill."
+    )
+    override_fill: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="kv: admit anyway (work-conserving) while the measured KV usage, with the "
+        "newcomer's prompt, stays under this share and the engine has no queue: the predictions "
+        "were too long.",
     )
     aging_s: float = Field(
-        default=1.0, gt=0, description="Waiting this long outranks a prediction twice as short."
+        default=2.0, gt=0, description="Waiting this long outranks a prediction twice as short."
     )
     impact_weight: float = Field(
         default=1.0, ge=0, description="predictive: weight of the delay added to others."

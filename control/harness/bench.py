@@ -1,170 +1,281 @@
-"""`steersman bench`: policies side by side on the same workload, in one run.
+"""`steersman bench --suite sim`: policies side by side on identical simulated workloads.
 
-Suite ``sim``: a cluster of simulated instances with a GPU profile in virtual time, the Azure
-conversation trace time-scaled to load levels of the cluster's capacity, held-out prompts with
-their true lengths. Suite ``real``: two vLLM CPU servers behind the daemon, one load level.
-Every policy sees the identical arrivals, prompts and lengths (fixed seeds).
+A cluster of simulated vLLM instances (a GPU profile, or a calibrated one) runs in virtual time
+behind the one scheduling core, under every policy in turn, with the same arrivals and the same
+requests (fixed seeds). Requests are real held-out prompts with their real response lengths and
+the length model's predictions (``lengths="prompts"``), or a trace's own input and output
+lengths with predictions that carry the length model's measured error (``lengths="trace"``).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from steersman.control.core.qoe import qoe
 from steersman.control.core.scheduler import Scheduler
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
-from steersman.control.harness.workloads import WorkItem, build_workload, load_trace, trace_arrivals
+from steersman.control.harness.workloads import (
+    Trace,
+    build_workload,
+    gamma_arrivals,
+    trace_arrivals,
+)
 from steersman.control.sim.driver import CoreDriver
 from steersman.control.sim.engine import SimEngine, SimRequest
 from steersman.control.sim.profiles import StepModel
 from steersman.control.sim.virtual import run_cluster
 from steersman.control.training.bundled import bundled_records, held_out
-from steersman.data import path
 from steersman.learners.corrector import BASE_KEY, LengthCorrector
 from steersman.learners.features import request_features
 from steersman.learners.tokens import TokenCounter
 from steersman.storage.query import percentile
 
-POLICIES = ("round-robin", "least-load", "predictive", "predictive-no-controller", "oracle")
-QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+PredictLog = Callable[[list[str]], list[float]]
+CONSTANT_TOKENS = 128.0  # what a predictor that knows nothing says: the corrector's prior
 
 
-@dataclass
-class SimWorkload:
-    items: list[WorkItem]  # arrival_s at a mean rate of 1 request/s
-    features: dict[str, dict[str, Any]]  # by request id, with RoBERTa's base prediction
+@dataclass(frozen=True)
+class Variant:
+    """A policy as deployed: steersman's core settings and the engines' scheduling policy."""
+
+    dispatch: DispatchSettings
+    engine: str  # "fcfs" | "priority" | "steersman" (steersman's vLLM scheduler class)
+    predictor: str  # "none" | "learned" | "truth" | "constant"
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    priorities: bool = True
 
 
-def sim_workload(
-    counter: TokenCounter,
-    predict_log: Callable[[list[str]], list[float]] | None,
-    n: int,
-    max_model_len: int,
-    seed: int,
-) -> SimWorkload:
+def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[str, Variant]:
+    """The policies compared: what operators run today (stock vLLM FCFS behind round-robin or
+    least-load), vLLM's priority policy fed with steersman's predictions but no steersman
+    queue, steersman complete, and steersman with the true lengths (the bound) or with a
+    predictor that knows nothing (what the predictions themselves earn)."""
+    lb = {"admission": "none"}
+    return {
+        "round-robin": Variant(
+            DispatchSettings(policy="round-robin", **lb), "fcfs", "none", priorities=False
+        ),
+        "least-load": Variant(
+            DispatchSettings(policy="least-load", **lb), "fcfs", "none", priorities=False
+        ),
+        "vllm-priority": Variant(
+            DispatchSettings(policy="least-load", **lb), "priority", "learned"
+        ),
+        "steersman": Variant(DispatchSettings(policy=dispatch), engine, "learned"),
+        "oracle": Variant(
+            DispatchSettings(policy="oracle"), engine, "truth", ControllerSettings(enabled=False)
+        ),
+        "constant": Variant(DispatchSettings(policy=dispatch), engine, "constant"),
+    }
+
+
+@dataclass(frozen=True)
+class Item:
+    prompt_tokens: int
+    output_tokens: int
+    features: dict[str, Any]  # with the base prediction under BASE_KEY
+
+
+def prompt_items(
+    counter: TokenCounter, predict_log: PredictLog, n: int, max_model_len: int, seed: int
+) -> list[Item]:
+    """Held-out prompts with their real response lengths and the length model's predictions."""
     rng = random.Random(seed)
-    times = trace_arrivals(load_trace(path("azure_conv")), n, 1.0, rng)
     _, prompts = held_out(bundled_records())
-    items = build_workload(prompts, times, counter, rng, max_model_len=max_model_len)
-    bases: list[float | None] = [None] * len(items)
-    if predict_log is not None:
-        logs: list[float] = []
-        texts = [i.prompt for i in items]
-        for start in range(0, len(texts), 64):
-            logs.extend(predict_log(texts[start : start + 64]))
-        bases = [math.expm1(v) for v in logs]
-    features = {}
-    for item, base in zip(items, bases, strict=True):
-        x: dict[str, Any] = dict(request_features(item.prompt, prompt_tokens=item.prompt_tokens))
-        if base is not None and math.isfinite(base):
-            x[BASE_KEY] = base
-        features[_rid(item)] = x
-    return SimWorkload(items, features)
+    work = build_workload(prompts, [0.0] * n, counter, rng, max_model_len=max_model_len)
+    bases = _predict([w.prompt for w in work], predict_log)
+    return [
+        Item(w.prompt_tokens, w.true_tokens, _features(w.prompt, w.prompt_tokens, base))
+        for w, base in zip(work, bases, strict=True)
+    ]
 
 
-def _rid(item: WorkItem) -> str:
-    return f"r{item.index}"
+def trace_items(
+    trace: Trace, errors: Sequence[float], n: int, max_model_len: int, seed: int
+) -> list[Item]:
+    """A trace's own lengths (cut to the model's window), each with a prediction that is the
+    true length times ``exp(e)``, ``e`` drawn from ``errors``: the length model's log errors on
+    held-out prompts, so the predictions are as good, and as bad, as the model's."""
+    rng = random.Random(seed)
+    start = rng.randrange(0, max(1, len(trace.rows) - n))
+    items = []
+    for row in trace.rows[start : start + n]:
+        prompt = min(max(row.input_tokens, 1), max_model_len - 2)
+        output = max(1, min(row.output_tokens, max_model_len - prompt - 1))
+        base = output * math.exp(rng.choice(errors)) if errors else None
+        items.append(Item(prompt, output, {BASE_KEY: base} if base else {}))
+    return items
 
 
-def make_driver(
-    policy: str, workload: SimWorkload, profile: StepModel, cap: int
-) -> tuple[CoreDriver, str]:
-    """(driver, engine scheduling policy). Baselines dispatch on arrival to FCFS engines, as a
-    load balancer in front of stock vLLM does; steersman queues with caps and sets priorities."""
-    step = profile.coefficients()
-    if policy in ("round-robin", "least-load"):
-        core = Scheduler(
-            DispatchSettings(policy=policy),
-            ControllerSettings(),
-            admission="none",
-            priorities=False,
-        )
-        return CoreDriver(core, step), "fcfs"
-    if policy == "oracle":
-        core = Scheduler(DispatchSettings(policy="oracle"), ControllerSettings())
-        return CoreDriver(core, step, cap=cap), "priority"
-    controller = ControllerSettings(enabled=policy == "predictive")
-    core = Scheduler(DispatchSettings(policy="predictive"), controller, corrector=LengthCorrector())
-    return CoreDriver(core, step, features=workload.features, cap=cap), "priority"
+def model_errors(counter: TokenCounter, predict_log: PredictLog, n: int, seed: int) -> list[float]:
+    """``log(predicted / actual)`` of the length model on ``n`` held-out prompts."""
+    items = prompt_items(counter, predict_log, n, 4096, seed)
+    return [
+        math.log(max(i.features.get(BASE_KEY, 1.0), 1.0) / max(i.output_tokens, 1)) for i in items
+    ]
+
+
+def unit_arrivals(kind: str, trace: Trace, n: int, seed: int) -> list[float]:
+    """Arrival times at a mean rate of one request a second: the trace's shape ("trace"), or a
+    gamma process with a coefficient of variation ("gamma2" is 2, "gamma4" is 4)."""
+    rng = random.Random(seed)
+    if kind == "trace":
+        return trace_arrivals(trace, n, 1.0, rng)
+    if kind.startswith("gamma"):
+        return gamma_arrivals(n, 1.0, float(kind[5:]), rng)
+    raise ValueError(f"unknown arrival process {kind!r}")
 
 
 def run_sim(
-    policy: str,
-    workload: SimWorkload,
+    name: str,
+    variant: Variant,
+    items: Sequence[Item],
+    times: Sequence[float],
     profile: StepModel,
     instances: int,
-    rate: float,
-    cap: int,
+    *,
+    goodput: tuple[float, float] = (1.0, 0.1),
 ) -> dict[str, Any]:
-    driver, engine_policy = make_driver(policy, workload, profile, cap)
-    requests = [
-        SimRequest(_rid(i), i.arrival_s / rate, i.prompt_tokens, i.true_tokens)
-        for i in workload.items
-    ]
-    engines = [SimEngine(profile, engine_policy) for _ in range(instances)]
+    """One policy on one workload: every request's arrival at ``times[i]`` (seconds)."""
+    requests, features = [], {}
+    for i, (item, t) in enumerate(zip(items, times, strict=True)):
+        rid = f"r{i}"
+        requests.append(SimRequest(rid, t, item.prompt_tokens, item.output_tokens))
+        if variant.predictor == "learned":
+            features[rid] = item.features
+        elif variant.predictor == "constant":
+            features[rid] = {BASE_KEY: CONSTANT_TOKENS}
+    core = Scheduler(
+        variant.dispatch,
+        variant.controller,
+        corrector=LengthCorrector() if variant.predictor == "learned" else None,
+        priorities=variant.priorities,
+    )
+    driver = CoreDriver(core, profile.coefficients(), features=features)
+    aging = variant.dispatch.aging_s
+    engines = [SimEngine(profile, variant.engine, aging) for _ in range(instances)]
     started = time.perf_counter()
     run = run_cluster(requests, engines, driver)
-    wall = time.perf_counter() - started
-    ttft = [r.first_token_at - r.arrival for r in run.finished if r.first_token_at is not None]
-    e2e = [r.finished_at - r.arrival for r in run.finished if r.finished_at is not None]
-    s = driver.scheduler.stats
-    return {
-        "policy": policy,
-        "rate_rps": round(rate, 3),
-        "requests": len(requests),
-        "finished": len(run.finished),
-        "wall_s": round(wall, 2),
-        **_quantiles("ttft", ttft),
-        **_quantiles("e2e", e2e),
-        "preemptions": sum(e.stats.preemptions for e in engines),
-        "fallbacks": s.fallbacks,
-        "fallback_share": round(s.fallback_decisions / max(s.decisions, 1), 3),
-        "within_30": round(1 - s.misses / s.scored, 3) if s.scored else None,
-        "ttft_all": ttft,
-        "e2e_all": e2e,
-    }
-
-
-def _quantiles(name: str, values: Sequence[float]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {
-        f"{name}_mean_s": round(sum(values) / len(values), 4) if values else None
-    }
-    for label, q in QUANTILES.items():
-        value = percentile(values, q)
-        out[f"{name}_{label}_s"] = None if value is None else round(value, 4)
+    out = measure(run.finished, driver.dispatched, goodput)
+    out["samples"] = driver.samples
+    out["ttft_by_arrival"] = [
+        (r.arrival, r.first_token_at - r.arrival) for r in run.finished if r.first_token_at
+    ]
+    s = core.stats
+    out.update(
+        policy=name,
+        requests=len(requests),
+        finished=len(run.finished),
+        wall_s=round(time.perf_counter() - started, 2),
+        preemptions=sum(e.stats.preemptions for e in engines),
+        fallback_share=round(s.fallback_decisions / max(s.decisions, 1), 3),
+        fallbacks=s.fallbacks,
+        within_30=round(1 - s.misses / s.scored, 3) if s.scored else None,
+        kv_held=s.kv_held,
+        kv_overrides=s.kv_overrides,
+    )
     return out
 
 
+def measure(
+    done: Sequence[SimRequest], dispatched: dict[str, float], goodput: tuple[float, float]
+) -> dict[str, Any]:
+    """Latency percentiles, normalized latency, TPOT, goodput, QoE and where requests waited."""
+    ttft = [r.first_token_at - r.arrival for r in done if r.first_token_at is not None]
+    e2e = [r.finished_at - r.arrival for r in done if r.finished_at is not None]
+    tpot = [_tpot(r) for r in done if r.generated > 1]
+    norm = [(r.finished_at - r.arrival) / max(r.generated, 1) for r in done if r.finished_at]
+    queue = [dispatched[r.id] - r.arrival for r in done if r.id in dispatched]
+    engine = [r.started_at - r.queued_at for r in done if r.started_at is not None]
+    ttft_ok, tpot_ok = goodput
+    good = sum(
+        1
+        for r in done
+        if r.first_token_at is not None
+        and r.first_token_at - r.arrival <= ttft_ok
+        and (r.generated <= 1 or _tpot(r) <= tpot_ok)
+    )
+    span = max((r.finished_at or 0.0) for r in done) - min(r.arrival for r in done) if done else 0
+    out: dict[str, Any] = {}
+    for label, values in (("ttft", ttft), ("e2e", e2e), ("norm", norm), ("tpot", tpot)):
+        out.update(_stats(label, values))
+    out["queue_wait_mean_s"] = _round(statistics.fmean(queue)) if queue else None
+    out["engine_wait_mean_s"] = _round(statistics.fmean(engine)) if engine else None
+    out["goodput_rps"] = round(good / span, 3) if span > 0 else None
+    qoes = [q for r in done if (q := _qoe(r)) is not None]
+    out["qoe_mean"] = _round(statistics.fmean(qoes)) if qoes else None
+    out["ttft_all"], out["e2e_all"] = ttft, e2e
+    return out
+
+
+def _tpot(r: SimRequest) -> float:
+    return (r.finished_at - r.first_token_at) / (r.generated - 1)  # type: ignore[operator]
+
+
+def _qoe(r: SimRequest) -> float | None:
+    """Andes' QoE with the tokens paced evenly between the first and the last (the simulator
+    takes runs of decode steps in one go and keeps no per-token times)."""
+    if r.first_token_at is None or r.finished_at is None:
+        return None
+    first, last, n = r.first_token_at - r.arrival, r.finished_at - r.arrival, r.generated
+    points = [(first + (last - first) * k / 31, 1 + round((n - 1) * k / 31)) for k in range(32)]
+    return qoe(points, n)
+
+
+def _stats(label: str, values: Sequence[float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {f"{label}_mean_s": _round(statistics.fmean(values))
+                                    if values else None}  # fmt: skip
+    for q in (50, 90, 99):
+        out[f"{label}_p{q}_s"] = _round(percentile(values, q / 100))
+    return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
 def capacity(
-    workload: SimWorkload, profile: StepModel, instances: int, slo_ttft_p99_s: float
+    name: str,
+    variant: Variant,
+    items: Sequence[Item],
+    unit: Sequence[float],
+    profile: StepModel,
+    instances: int,
+    slo_ttft_p99_s: float,
+    start: float = 1.0,
 ) -> float:
-    """Round-robin's capacity: the highest arrival rate (to 2%) at which it keeps P99 TTFT
-    within the bound. Load levels are shares of it, so "95%" is near where queues start."""
+    """The highest arrival rate (to 2%) at which the policy keeps P99 TTFT within the bound."""
 
     def ok(rate: float) -> bool:
-        run = run_sim("round-robin", workload, profile, instances, rate, cap=0)
+        run = run_sim(name, variant, items, [u / rate for u in unit], profile, instances)
         return run["ttft_p99_s"] is not None and run["ttft_p99_s"] <= slo_ttft_p99_s
 
-    low, high = 1.0, 2.0
-    while ok(high):  # double until the bound breaks
+    low, high = start / 2, start
+    while ok(high):
         low, high = high, high * 2
+    while not ok(low) and low > 1e-3:
+        low, high = low / 2, low
     while high / low > 1.02:
         mid = (low * high) ** 0.5
         low, high = (mid, high) if ok(mid) else (low, mid)
     return low
 
 
-def capacity_at_slo(runs: list[dict[str, Any]], policy: str, slo_ttft_p99_s: float) -> float | None:
-    """The highest swept rate at which ``policy`` kept P99 TTFT within the bound (and every
-    lower rate did too)."""
-    best = None
-    for run in sorted((r for r in runs if r["policy"] == policy), key=lambda r: r["rate_rps"]):
-        p99 = run["ttft_p99_s"]
-        if p99 is None or p99 > slo_ttft_p99_s:
-            break
-        best = run["rate_rps"]
-    return best
+def _predict(texts: list[str], predict_log: PredictLog) -> list[float]:
+    logs: list[float] = []
+    for start in range(0, len(texts), 64):
+        logs.extend(predict_log(texts[start : start + 64]))
+    return [math.expm1(v) for v in logs]
+
+
+def _features(prompt: str, prompt_tokens: int, base: float) -> dict[str, Any]:
+    x: dict[str, Any] = dict(request_features(prompt, prompt_tokens=prompt_tokens))
+    if math.isfinite(base):
+        x[BASE_KEY] = base
+    return x

@@ -1,12 +1,20 @@
-"""The benchmark's real suite: every policy in turn behind the daemon, in front of the same two
-vLLM CPU servers, on the identical replay."""
+"""The real suite of `steersman bench`: a burst that builds real queues on two vLLM CPU servers,
+each policy in turn behind the daemon, on the identical replay, repeated; medians and spread.
+
+The servers run steersman's scheduler class with a KV cache of ``kv_blocks`` blocks each, so
+that, as on a GPU, memory is what runs out first; the baseline sends them no priorities and no
+predictions, which makes them stock vLLM with its FCFS order.
+"""
 
 from __future__ import annotations
 
+import random
+import statistics
 from dataclasses import replace
 from typing import Any
 
 from steersman.control.harness.demo import (
+    MAX_MODEL_LEN,
     DemoConfig,
     daemon_settings,
     history_summary,
@@ -14,41 +22,86 @@ from steersman.control.harness.demo import (
     run_replay,
     summarize_run,
 )
-from steersman.control.harness.workloads import WorkItem
+from steersman.control.harness.workloads import WorkItem, build_workload, load_trace, trace_arrivals
 from steersman.control.serve.daemon import Daemon, serving
 from steersman.control.serve.settings import Settings
+from steersman.control.training.bundled import bundled_records, held_out
+from steersman.data import path
+from steersman.learners.tokens import TokenCounter
 
-# What each policy means in a deployment. The baselines are the routers operators already use:
-# every request goes straight to vLLM (no steersman queue, no priorities).
+# What each policy means in a deployment.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "round-robin": {"dispatch": {"policy": "round-robin", "admission": "none"}, "baseline": True},
-    "least-load": {"dispatch": {"policy": "least-load", "admission": "none"}, "baseline": True},
-    "predictive": {"dispatch": {"policy": "predictive"}},
-    "predictive-no-controller": {
-        "dispatch": {"policy": "predictive"},
-        "controller": {"enabled": False},
-    },
+    "least-load": {"dispatch": {"policy": "least-load", "admission": "none"}, "stock": True},
+    "steersman": {},
     "oracle": {"dispatch": {"policy": "oracle"}, "controller": {"enabled": False}},
 }
+METRICS = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s", "norm_mean_s")
+
+
+def burst_workload(counter: TokenCounter, n: int, seconds: float, seed: int) -> list[WorkItem]:
+    """``n`` held-out prompts of mixed lengths arriving within ``seconds`` (the trace's shape)."""
+    rng = random.Random(seed)
+    times = trace_arrivals(load_trace(path("azure_conv")), n, n / seconds, rng)
+    _, prompts = held_out(bundled_records())
+    return build_workload(prompts, times, counter, rng, max_model_len=MAX_MODEL_LEN)
 
 
 def run_real(
-    config: DemoConfig, base: Settings, items: list[WorkItem], policies: list[str]
+    config: DemoConfig,
+    base: Settings,
+    items: list[WorkItem],
+    policies: list[str],
+    repeats: int = 1,
 ) -> list[dict[str, Any]]:
-    results = []
+    """Every policy ``repeats`` times, interleaved (a slow spell of the machine hits all)."""
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     with instances(config) as specs:
-        for policy in policies:
-            variant = dict(VARIANTS[policy])
-            baseline = variant.pop("baseline", False)
-            run_specs = [{**s, "priority": False} if baseline else s for s in specs]
-            run_config = replace(config, run_dir=config.run_dir / policy)
-            run_config.run_dir.mkdir(parents=True, exist_ok=True)
-            settings = daemon_settings(run_config, run_specs, base, variant)
-            with serving(Daemon(settings)) as url:
-                outcomes, wall = run_replay(url, items)
-            summary = summarize_run(outcomes, wall, history_summary(settings.database_url))
-            summary["policy"] = policy
-            summary["ttft_all"] = [o.ttft_s for o in outcomes if o.ok and o.ttft_s is not None]
-            summary["e2e_all"] = [o.e2e_s for o in outcomes if o.ok and o.e2e_s is not None]
-            results.append(summary)
-    return results
+        for repeat in range(repeats):
+            for policy in policies:
+                variant = {k: v for k, v in VARIANTS[policy].items() if k != "stock"}
+                stock = VARIANTS[policy].get("stock", False)
+                run_specs = [{**s, "priority": False} if stock else s for s in specs]
+                run_config = replace(config, run_dir=config.run_dir / f"{policy}-{repeat}")
+                run_config.run_dir.mkdir(parents=True, exist_ok=True)
+                settings = daemon_settings(run_config, run_specs, base, variant)
+                with serving(Daemon(settings)) as url:
+                    outcomes, wall = run_replay(url, items)
+                summary = summarize_run(outcomes, wall, history_summary(settings.database_url))
+                ok = [o for o in outcomes if o.ok]
+                summary.update(
+                    policy=policy,
+                    repeat=repeat,
+                    e2e_mean_s=_round(statistics.fmean(o.e2e_s for o in ok)) if ok else None,
+                    norm_mean_s=_round(
+                        statistics.fmean(o.e2e_s / max(o.true_tokens, 1) for o in ok)
+                    )
+                    if ok
+                    else None,
+                    ttft_all=[o.ttft_s for o in ok if o.ttft_s is not None],
+                    e2e_all=[o.e2e_s for o in ok if o.e2e_s is not None],
+                )
+                runs[policy].append(summary)
+    return [aggregate(policy, got) for policy, got in runs.items()]
+
+
+def aggregate(policy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats, with the spread (lowest, highest) of each metric."""
+    out: dict[str, Any] = {
+        "policy": policy,
+        "repeats": len(runs),
+        "requests": sum(r["requests"] for r in runs),
+        "succeeded": sum(r["succeeded"] for r in runs),
+        "failed": sum(r["failed"] for r in runs),
+        "prediction": runs[-1]["prediction"],
+        "ttft_all": [v for r in runs for v in r["ttft_all"]],
+        "e2e_all": [v for r in runs for v in r["e2e_all"]],
+    }
+    for metric in METRICS:
+        values = [r[metric] for r in runs if r.get(metric) is not None]
+        out[metric] = _round(statistics.median(values)) if values else None
+        out[f"{metric}_spread"] = [min(values), max(values)] if values else None
+    return out
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

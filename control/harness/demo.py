@@ -53,6 +53,11 @@ class DemoConfig:
     vllm_python: str
     policy: str = "predictive"
     max_in_flight: int = 32
+    # The servers run steersman's vLLM scheduler class (see backends/vllm_scheduler.py).
+    server_args: tuple[str, ...] = (
+        "--scheduler-cls",
+        "steersman.control.backends.vllm_scheduler.SteersmanScheduler",
+    )
 
 
 @contextlib.contextmanager
@@ -73,6 +78,7 @@ def instances(config: DemoConfig) -> Iterator[list[dict[str, Any]]]:
             core=core,
             max_model_len=MAX_MODEL_LEN,
             log_dir=config.run_dir,
+            extra_args=config.server_args,
         )
         for core in (0, 1)
     ]

@@ -62,3 +62,30 @@ def bars(path: Path, values: dict[str, float | None], title: str, ylabel: str) -
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def over_time(path: Path, runs: dict[str, dict[str, Any]], title: str) -> Path:
+    """A burst as it happened, one line per policy: requests waiting (in steersman's queue and
+    in the engines), mean KV usage, and the TTFT of the requests arriving then (P90 per 5 s)."""
+    fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
+    for name, run in runs.items():
+        samples = run["samples"]
+        times = [s[0] for s in samples]
+        axes[0].plot(times, [s[1] + s[2] for s in samples], label=name)
+        axes[1].plot(times, [s[3] for s in samples], label=name)
+        buckets: dict[int, list[float]] = {}
+        for arrival, ttft in run["ttft_by_arrival"]:
+            buckets.setdefault(int(arrival // 5), []).append(ttft)
+        keys = sorted(buckets)
+        p90 = [sorted(buckets[k])[int(0.9 * (len(buckets[k]) - 1))] for k in keys]
+        axes[2].plot([5 * k + 2.5 for k in keys], p90, label=name)
+    axes[0].set(title=title, ylabel="requests waiting")
+    axes[1].set(ylabel="KV cache usage")
+    axes[2].set(ylabel="TTFT P90 (s)", xlabel="seconds", yscale="log")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -27,29 +27,53 @@ class Trace:
     skipped: int  # rows that were not three numbers, or went back in time
 
 
-def load_trace(path: Path) -> Trace:
-    """A CSV ``arrival_s,input_tokens,output_tokens``; bad rows are skipped and counted."""
+class TraceError(ValueError):
+    """A trace that does not parse: the message names the file, the line and the field."""
+
+
+FIELDS = ("arrival_s", "input_tokens", "output_tokens")
+
+
+def load_trace(path: Path, *, strict: bool = False) -> Trace:
+    """A CSV ``arrival_s,input_tokens,output_tokens``. Bad rows are skipped and counted, or with
+    ``strict`` (a user's own trace) refused with the file, line and field."""
     rows: list[TraceRow] = []
     skipped = 0
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
-        next(reader, None)  # header
-        for record in reader:
+        header = next(reader, None)
+        if strict and [h.strip() for h in header or []] != list(FIELDS):
+            raise TraceError(f"{path}:1: the header must be {','.join(FIELDS)}, not {header}")
+        for line, record in enumerate(reader, start=2):
             try:
-                arrival, inp, out = float(record[0]), int(record[1]), int(record[2])
-            except (ValueError, IndexError):
+                row = _row(record, rows[-1].arrival_s if rows else None)
+            except TraceError as exc:
+                if strict:
+                    raise TraceError(f"{path}:{line}: {exc}") from None
                 skipped += 1
                 continue
-            if (
-                not math.isfinite(arrival)
-                or inp < 0
-                or out < 0
-                or (rows and arrival < rows[-1].arrival_s)
-            ):
-                skipped += 1
-                continue
-            rows.append(TraceRow(arrival, inp, out))
+            rows.append(row)
+    if strict and len(rows) < 2:
+        raise TraceError(f"{path}: a trace needs at least two rows, it has {len(rows)}")
     return Trace(rows, skipped)
+
+
+def _row(record: list[str], previous: float | None) -> TraceRow:
+    if len(record) < len(FIELDS):
+        raise TraceError(f"{len(record)} fields where {len(FIELDS)} ({','.join(FIELDS)}) are due")
+    values: list[float] = []
+    for name, raw, kind in zip(FIELDS, record, (float, int, int), strict=False):
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise TraceError(f"field {name}: {raw!r} is not a{'n integer' * (kind is int)}"
+                             f"{' number' * (kind is float)}") from None  # fmt: skip
+        if not math.isfinite(value) or value < 0:
+            raise TraceError(f"field {name}: {raw!r} must be a finite number >= 0")
+        values.append(value)
+    if previous is not None and values[0] < previous:
+        raise TraceError(f"field arrival_s: {record[0]!r} goes back in time (from {previous})")
+    return TraceRow(values[0], int(values[1]), int(values[2]))
 
 
 def trace_arrivals(trace: Trace, n: int, rate: float, rng: random.Random) -> list[float]:
@@ -64,6 +88,28 @@ def trace_arrivals(trace: Trace, n: int, rate: float, rng: random.Random) -> lis
     span = window[-1] - window[0]
     scale = ((n - 1) / rate) / span if span > 0 else 0.0
     return [(t - window[0]) * scale for t in window]
+
+
+def burst_arrivals(
+    unit: Sequence[float], rate: float, burst_rate: float, start_s: float, length_s: float
+) -> list[float]:
+    """Arrivals at ``rate`` with a burst at ``burst_rate`` from ``start_s`` for ``length_s``:
+    ``unit`` (arrival times at a mean rate of 1/s, a trace's or any process's) is stretched
+    through the inverse of the cumulative rate, so bursts and lulls keep their shape.
+
+    >>> burst_arrivals([0, 10, 20, 30, 40], rate=1, burst_rate=2, start_s=10, length_s=5)
+    [0.0, 10.0, 15.0, 25.0, 35.0]
+    """
+    before, during = rate * start_s, burst_rate * length_s
+    out = []
+    for u in unit:
+        if u < before:
+            out.append(u / rate)
+        elif u < before + during:
+            out.append(start_s + (u - before) / burst_rate)
+        else:
+            out.append(start_s + length_s + (u - before - during) / rate)
+    return out
 
 
 def poisson_arrivals(n: int, rate: float, rng: random.Random) -> list[float]:

@@ -9,77 +9,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
 import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from steersman.control.backends.sim import SimBackend
-from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.backends.vllm_server import check_port
 from steersman.control.core.records import EventRecord
 from steersman.control.core.scheduler import Scheduler
 from steersman.control.serve import checkpoint as ckpt
 from steersman.control.serve.gateway import create_app, discover_models
-from steersman.control.serve.instances import Instance, make_instance
+from steersman.control.serve.instances import make_instance
 from steersman.control.serve.jobs import Jobs
+from steersman.control.serve.length_model import ServedModel, load_length_model
+from steersman.control.serve.load import LoadWatcher
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
 from steersman.control.serve.service import Steersman
 from steersman.control.serve.settings import Settings
 from steersman.control.training.retrain import Retrainer
-from steersman.learners.batching import MicroBatcher
 from steersman.learners.corrector import LengthCorrector
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
 from steersman.storage.engine import DatabaseUnavailable, make_engine
-from steersman.storage.registry import model_versions
 from steersman.storage.retention import apply_retention
 from steersman.storage.writer import HistoryWriter
 from steersman.telemetry.gpus import make_sampler
-from steersman.telemetry.instances import InstanceScraper
 
 log = logging.getLogger(__name__)
-
-DEFAULT_URL_PROFILE = "a100-llama2-7b"
-
-
-def load_length_model(settings: Settings, engine: Any) -> tuple[Any, str | None, Path | None]:
-    """(RoBERTa model or None, its version, its directory). A directory that cannot be loaded
-    is reported and the fast predictor serves instead: the daemon starts either way."""
-    directory = settings.predictor.model_dir
-    version = None
-    if directory is None:
-        try:
-            promoted = [v for v in model_versions(engine) if v.get("status") == "promoted"]
-        except Exception:
-            promoted = []
-        if not promoted:
-            return None, None, None
-        directory, version = Path(promoted[-1]["path"]), promoted[-1]["version"]
-    from steersman.learners.hf import RobertaLengthModel  # torch loads only when needed
-
-    try:
-        model = RobertaLengthModel.load(directory, device=settings.predictor.device)
-    except Exception as exc:
-        log.error("length model %s cannot be loaded (%s): using the fast predictor", directory, exc)
-        return None, None, None
-    if version is None:
-        meta = Path(directory) / "steersman.json"
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            version = json.loads(meta.read_text()).get("version")
-    return model, version or Path(directory).name, Path(directory)
 
 
 class Daemon:
@@ -109,26 +74,14 @@ class Daemon:
         count = None
         if s.predictor.tokenizer_dir is not None:
             count = TokenCounter(s.predictor.tokenizer_dir).count
-        model, version, self.model_dir = load_length_model(s, self.engine)
-        self.batcher = None
-        if model is not None:
-            self.batcher = MicroBatcher(
-                _tokens_of(model),
-                max_batch=s.predictor.max_batch,
-                max_wait_s=s.predictor.max_wait_ms / 1000,
-            )
+        model, version, directory = load_length_model(s.predictor, self.engine)
         corrector = LengthCorrector(lr=s.predictor.corrector_lr, max_tokens=s.predictor.max_tokens)
         predictor = Predictor(
-            self.batcher,
-            deadline_s=s.predictor.deadline_ms / 1000,
-            count_tokens=count,
-            model_version=version,
+            deadline_s=s.predictor.deadline_ms / 1000, count_tokens=count, model_version=version
         )
         self.metrics = Metrics(self.sampler.latest if self.sampler else None)
         d = s.dispatch
-        scheduler = Scheduler(
-            d, s.controller, corrector=corrector, admission=d.admission, origin=time.monotonic()
-        )
+        scheduler = Scheduler(d, s.controller, corrector=corrector, origin=time.monotonic())
         self.service = Steersman(
             [make_instance(spec, s.gateway, count) for spec in s.instances],
             predictor,
@@ -142,6 +95,15 @@ class Daemon:
             telemetry=self.sampler.features if self.sampler else dict,
             on_hot_update=self._hot_update,
         )
+        self.model = ServedModel(
+            predictor,
+            s.predictor,
+            s.data_dir / "models",
+            event=self.event,
+            forget=lambda: self.service.scheduler.forget(),
+            model=model,
+            directory=directory,
+        )
         if s.predictor.model_dir is not None and model is None:
             self.event(
                 "model",
@@ -154,9 +116,9 @@ class Daemon:
         self.retrainer = Retrainer(
             self.engine,
             s.data_dir / "models",
-            swap=self.swap_model,
+            swap=self.model.swap,
             event=self.event,
-            current=lambda: (self.model_dir, self.service.predictor.model_version),
+            current=lambda: (self.model.directory, self.service.predictor.model_version),
             budget_s=s.jobs.retrain_budget_s,
             max_rows=s.jobs.retrain_rows,
             device=s.predictor.device,
@@ -174,40 +136,6 @@ class Daemon:
         )
         self.app = create_app(self.service, s.gateway, lifespan=self.lifespan)
         self._stop = asyncio.Event()
-
-    # -- the length model ----------------------------------------------------------------------
-
-    def swap_model(self, model: Any, version: str, directory: Path | None = None) -> None:
-        """Serve ``model`` from the next inference batch on; no request is dropped or stalled.
-        The corrector's residuals were learned against the old model, so they start over."""
-        predictor = self.service.predictor
-        if self.batcher is None:
-            self.batcher = MicroBatcher(
-                _tokens_of(model),
-                max_batch=self.settings.predictor.max_batch,
-                max_wait_s=self.settings.predictor.max_wait_ms / 1000,
-            )
-            predictor.batcher = self.batcher
-        else:
-            self.batcher.swap(_tokens_of(model))
-        previous = predictor.model_version
-        predictor.model_version = version
-        self.service.scheduler.corrector.reset()
-        self.model_dir = directory or self.settings.data_dir / "models" / version
-        self.event("model", f"serving {version} (was {previous or 'the fast predictor'})", {})
-
-    def swap_from(self, directory: Path) -> bool:
-        """Hot-swap to a model directory; one that does not load is refused, the current model
-        stays and an event says why."""
-        from steersman.learners.hf import RobertaLengthModel
-
-        try:
-            model = RobertaLengthModel.load(directory, device=self.settings.predictor.device)
-        except Exception as exc:
-            self.event("model", f"refused {directory}: {exc}", {"path": str(directory)})
-            return False
-        self.swap_model(model, Path(directory).name, Path(directory))
-        return True
 
     def event(self, kind: str, reason: str, details: dict[str, Any]) -> None:
         log.info("%s: %s", kind, reason)
@@ -294,8 +222,7 @@ class Daemon:
             self.close()
 
     def close(self) -> None:
-        if self.batcher is not None:
-            self.batcher.close()
+        self.model.close()
         if self.sampler is not None:
             self.sampler.stop()
         self.writer.close(timeout=self.settings.gateway.drain_timeout_s)
@@ -317,62 +244,25 @@ class Daemon:
         if not self.app.state.models:
             await discover_models(self.app, self.service)
 
-    def _sim_stats(self, instance: Instance) -> dict[str, Any]:
-        engine = instance.backend.engine
-        return {
-            "ts": datetime.now(UTC),
-            "instance": instance.name,
-            "healthy": instance.healthy,
-            "running": len(engine.running),
-            "waiting": engine.waiting,
-            "kv_cache_usage": instance.kv_usage,
-            "preemptions_total": float(engine.stats.preemptions),
-            "in_flight": self.service.scheduler.in_flight(instance.name),
-        }
-
     def _tick(self) -> None:
         self.service.tick()
 
     async def _load_loop(self) -> None:
-        """KV usage and queue length of each instance: straight from a simulated engine, from
-        /metrics scrapes of a vLLM server (also recorded as instance_stats rows)."""
-        t = self.settings.telemetry
-        urls = {
-            i.name: i.backend.base_url
-            for i in self.service.instances.values()
-            if isinstance(i.backend, VllmHttpBackend)
-        }
         async with httpx.AsyncClient() as client:
-            scraper = InstanceScraper(
-                urls,
+            watcher = LoadWatcher(
+                list(self.service.instances.values()),
                 client,
-                interval_s=t.scrape_interval_s,
-                timeout_s=t.scrape_timeout_s,
+                self.settings.telemetry,
                 sink=lambda row: self.writer.submit("instance_stats", row),
+                in_flight=self.service.scheduler.in_flight,
             )
-
-            next_row = 0.0
+            self.service.no_kv_capacity = watcher.no_capacity
 
             async def step() -> None:
-                nonlocal next_row
-                if urls:
-                    await scraper.scrape_once()
-                record = time.monotonic() >= next_row
-                if record:
-                    next_row = time.monotonic() + t.aggregate_s
-                for instance in self.service.instances.values():
-                    if isinstance(instance.backend, SimBackend):
-                        instance.kv_usage, instance.waiting = instance.backend.load()
-                        if record:  # scraped vLLM servers get their rows from the scraper
-                            self.writer.submit("instance_stats", self._sim_stats(instance))
-                    elif (state := scraper.states.get(instance.name)) and state.reachable:
-                        m = state.metrics
-                        assert m is not None
-                        instance.kv_usage = m.kv_cache_usage
-                        instance.waiting = round(m.waiting or 0)
-                    instance.refresh()
+                await watcher.step()
+                self.service.pump()  # the load moved: waiting requests may fit now
 
-            await self._every(t.scrape_interval_s, step)
+            await self._every(self.settings.telemetry.scrape_interval_s, step)
 
 
 class GatewayFailed(RuntimeError):
@@ -399,10 +289,6 @@ def serving(daemon: Daemon, host: str = "127.0.0.1", port: int = 0) -> Iterator[
     finally:
         server.should_exit = True
         thread.join()
-
-
-def _tokens_of(model: Any) -> Callable[[list[str]], list[float]]:
-    return lambda texts: [math.expm1(v) for v in model.predict_log(texts)]
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None) -> None:

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steersman.control.backends.base import BackendError, UpstreamRejected
 from steersman.control.core.scheduler import QueueFull
+from steersman.control.serve.admin import admin_state
 from steersman.control.serve.sections import GatewaySettings
 from steersman.control.serve.service import QueueTimeout, Steersman
 
@@ -206,7 +207,7 @@ def create_app(
 
     @app.get("/admin/state", dependencies=[admin])
     async def state() -> dict[str, Any]:
-        return service.snapshot()
+        return admin_state(service)
 
     return app
 

@@ -31,6 +31,8 @@ class Instance:
     healthy: bool = True
     kv_usage: float | None = None
     waiting: int = 0
+    kv_capacity: int | None = None  # KV cache tokens, from the profile or vLLM's /metrics
+    block: int = 16
     coefficients: StepCoefficients | None = None
 
     def refresh(self) -> None:
@@ -47,6 +49,8 @@ class Instance:
             kv_usage=self.kv_usage,
             waiting=self.waiting,
             step=self.coefficients,
+            kv_capacity=self.kv_capacity,
+            block=self.block,
         )
 
 
@@ -54,8 +58,11 @@ def make_instance(
     spec: InstanceSettings, gateway: GatewaySettings, count: Callable[[str], int] | None
 ) -> Instance:
     profile = load_profile(spec.profile or spec.sim or DEFAULT_URL_PROFILE)
+    capacity, block = None, 16
     if spec.sim is not None:
-        backend: Any = SimBackend(spec.label, load_profile(spec.sim), count_tokens=count)
+        sim = load_profile(spec.sim)
+        backend: Any = SimBackend(spec.label, sim, count_tokens=count)
+        capacity, block = sim.num_blocks * sim.block_size, sim.block_size
     else:
         key = spec.api_key.get_secret_value() if spec.api_key else None
         backend = VllmHttpBackend(
@@ -71,4 +78,6 @@ def make_instance(
         LatencyModel(profile.coefficients()),
         cap=spec.max_in_flight,
         send_priority=spec.priority,
+        kv_capacity=capacity,
+        block=block,
     )

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from steersman.learners.batching import MicroBatcher
 from steersman.learners.corrector import BASE_KEY
 from steersman.learners.features import request_features
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,3 +80,25 @@ class Predictor:
             return self.count_tokens(text)
         except Exception:  # a tokenizer hiccup costs the feature, not the request
             return None
+
+
+def request_context(
+    telemetry: Callable[[], Mapping[str, Any]],
+    instances: Iterable[Any],
+    in_flight: Callable[[str], int],
+) -> dict[str, Any]:
+    """Features of the moment a request arrives: GPU telemetry (``gpu_*``), the cluster's load
+    (requests in flight over the caps of healthy instances) and mean KV usage."""
+    x: dict[str, Any] = {}
+    try:
+        for key, value in telemetry().items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                x[f"gpu_{key}"] = value
+    except Exception:  # telemetry is advisory: a failing source costs features, not requests
+        log.debug("telemetry features failed", exc_info=True)
+    healthy = [i for i in instances if i.healthy]
+    x["load"] = sum(in_flight(i.name) for i in healthy) / max(sum(i.cap for i in healthy), 1)
+    kv = [i.kv_usage for i in healthy if i.kv_usage is not None]
+    if kv:
+        x["kv_usage"] = sum(kv) / len(kv)
+    return x

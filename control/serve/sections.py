@@ -24,11 +24,11 @@ class InstanceSettings(_Section):
         description="A simulated instance: a profile name or a calibration .json file.",
     )
     max_in_flight: int = Field(
-        default=32,
+        default=256,
         ge=1,
         le=100_000,
-        description="Most requests steersman keeps at this instance; the rest wait in "
-        "steersman's queue, ordered by predicted length.",
+        description="Most requests steersman keeps at this instance (the KV admission decides "
+        "below it); the rest wait in steersman's queue, ordered by predicted length.",
     )
     api_key: SecretStr | None = Field(default=None, description="Bearer token for the instance.")
     profile: str | None = Field(
@@ -38,7 +38,9 @@ class InstanceSettings(_Section):
     )
     priority: bool = Field(
         default=True,
-        description="Send vLLM priorities (the server runs --scheduling-policy priority).",
+        description="Send vLLM priorities and steersman's predicted length (the server runs "
+        "--scheduling-policy priority, ideally with steersman's --scheduler-cls); false: the "
+        "server is treated as stock vLLM.",
     )
 
     @field_validator("sim", "profile")

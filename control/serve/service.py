@@ -28,7 +28,7 @@ from steersman.control.core.records import EventRecord, RequestRecord
 from steersman.control.core.scheduler import Arrival, Assignment, Outcome, Report, Scheduler
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.metrics import Metrics
-from steersman.control.serve.predictor import Prediction, Predictor
+from steersman.control.serve.predictor import Prediction, Predictor, request_context
 from steersman.learners.features import prompt_text
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Steersman:
         self.clock = clock
         self._wall_offset = wall() - clock()
         self._waiters: dict[str, asyncio.Future[Assignment]] = {}
+        self.no_kv_capacity: set[str] = set()  # instances admitted by max_in_flight alone
         metrics.set_mode(scheduler.state.mode)
         for name in self.instances:
             metrics.instance_up.labels(name).set(1)
@@ -108,7 +109,8 @@ class Steersman:
         raw_max = body.get("max_tokens") or body.get("max_completion_tokens")
         max_tokens = raw_max if isinstance(raw_max, int) and raw_max > 0 else None
         cap = None if self.max_tokens_is_length else max_tokens
-        p = await self.predictor.predict(text, turns=turns, max_tokens=cap, context=self._context())
+        context = request_context(self.telemetry, self.instances.values(), self.scheduler.in_flight)
+        p = await self.predictor.predict(text, turns=turns, max_tokens=cap, context=context)
         self.metrics.predictions.labels(p.path).inc()
         arrival = Arrival(
             request_id,
@@ -132,22 +134,6 @@ class Steersman:
             model_version=self.predictor.model_version,
         )
         return Job(request_id, kind, body, p, arrival, record)
-
-    def _context(self) -> dict[str, Any]:
-        x: dict[str, Any] = {}
-        try:
-            for key, value in self.telemetry().items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    x[f"gpu_{key}"] = value
-        except Exception:  # telemetry is advisory: a failing source costs features, not requests
-            log.debug("telemetry features failed", exc_info=True)
-        healthy = [i for i in self.instances.values() if i.healthy]
-        in_flight = sum(self.scheduler.in_flight(i.name) for i in healthy)
-        x["load"] = in_flight / max(sum(i.cap for i in healthy), 1)
-        kv = [i.kv_usage for i in healthy if i.kv_usage is not None]
-        if kv:
-            x["kv_usage"] = sum(kv) / len(kv)
-        return x
 
     def reject(self, job: Job, reason: str) -> None:
         """Record a request refused before it was scheduled (the client's mistake)."""
@@ -220,6 +206,7 @@ class Steersman:
             raise
         job.record.corrected_prediction = ticket.corrected
         job.record.scheduled_prediction = ticket.scheduled
+        job.record.band_low, job.record.band_high = ticket.low, ticket.high
         job.record.priority = ticket.priority
         while True:
             if not any(i.healthy for i in self.instances.values()):
@@ -269,15 +256,19 @@ class Steersman:
                 return
 
     def _request(self, job: Job, a: Assignment, instance: Instance) -> GenerationRequest:
+        """The request as the instance gets it: with steersman's priority and predicted length
+        (for its vLLM scheduler class), unless the instance is configured as stock vLLM."""
         xargs = job.body.get("vllm_xargs")
         extra = dict(xargs) if isinstance(xargs, dict) else {}
-        extra["steersman_predicted_tokens"] = round(a.scheduled)
+        if instance.send_priority:
+            extra["steersman_predicted_tokens"] = round(a.scheduled)
+            extra["steersman_aging_s"] = self.scheduler.dispatch.aging_s
         return GenerationRequest(
             job.request_id,
             "chat" if job.kind == "chat" else "completion",
             job.body,
             priority=a.priority if instance.send_priority else None,
-            xargs=extra,
+            xargs=extra or None,
         )
 
     # -- outcome ---------------------------------------------------------------------------------
@@ -411,45 +402,6 @@ class Steersman:
             self.mark(instance, ok, "/health answered" if ok else "/health failed")
 
         await asyncio.gather(*(one(i) for i in self.instances.values()))
-
-    # -- state ---------------------------------------------------------------------------------
-
-    def snapshot(self) -> dict[str, Any]:
-        """What /admin/state shows."""
-        core = self.scheduler
-        s, c = core.state, core.controller
-        now = self.clock()
-        corrector = core.corrector
-        return {
-            "mode": s.mode,
-            "mode_since_s": round(now - s.since, 3),
-            "miss_streak": s.streak,
-            "fallbacks": s.fallbacks,
-            "fallback_left_s": None
-            if s.fallback_until is None
-            else round(s.fallback_until - now, 3),
-            "policy": core.dispatch.policy,
-            "fallback_policy": core.dispatch.fallback_policy,
-            "fallback_enabled": c.enabled,
-            "compensation": {
-                cls: {"a": comp.a, "b": comp.b} for cls, comp in sorted(s.compensation.items())
-            },
-            "default_compensation": {"a": c.compensation_a, "b": c.compensation_b},
-            "queue_depth": core.depth,
-            "model_version": self.predictor.model_version,
-            "predictor": corrector.score.snapshot() if hasattr(corrector, "score") else {},
-            "instances": [
-                {
-                    "name": i.name,
-                    "healthy": i.healthy,
-                    "in_flight": core.in_flight(i.name),
-                    "cap": i.cap,
-                    "kv_usage": i.kv_usage,
-                    "waiting": i.waiting,
-                }
-                for i in self.instances.values()
-            ],
-        }
 
     def _dt(self, mono: float | None) -> datetime | None:
         return None if mono is None else datetime.fromtimestamp(mono + self._wall_offset, UTC)

@@ -30,6 +30,11 @@ class CoreDriver:
         self.features = features or {}
         self.cap = cap
         self._requests: dict[str, SimRequest] = {}
+        self.dispatched: dict[str, float] = {}  # when each request left steersman's queue
+        # (time, waiting in steersman's queue, waiting in the engines, mean KV usage), sampled
+        # at most every ``sample_s``: what a plot of a burst shows.
+        self.samples: list[tuple[float, int, int, float]] = []
+        self.sample_s = 1.0
 
     def arrive(
         self, req: SimRequest, engines: Sequence[SimEngine], now: float
@@ -63,13 +68,24 @@ class CoreDriver:
                     scheduler.progress(req.id, req.generated)
         states = [
             InstanceState(
-                str(k), cap=self.cap, kv_usage=e.kv_usage(), waiting=e.waiting, step=self.step
+                str(k),
+                cap=self.cap,
+                kv_usage=e.kv_usage(),
+                waiting=e.waiting,
+                step=self.step,
+                kv_capacity=e.model.num_blocks * e.model.block_size,
+                block=e.model.block_size,
             )
             for k, e in enumerate(engines)
         ]
+        if not self.samples or now - self.samples[-1][0] >= self.sample_s:
+            kv = [s.kv_usage or 0.0 for s in states]
+            waiting = sum(s.waiting for s in states)
+            self.samples.append((now, scheduler.depth, waiting, sum(kv) / max(len(kv), 1)))
         out = []
         for a in scheduler.schedule(states, now):
             req = self._requests[a.request_id]
+            self.dispatched[a.request_id] = now
             req.priority = a.priority
             req.predicted = a.scheduled
             out.append((int(a.instance), req))

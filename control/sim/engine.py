@@ -1,5 +1,6 @@
 """The engine model of one vLLM instance: continuous batching, chunked prefill, paged KV blocks
-with preemption by recompute, FCFS or priority queues, as vLLM's v1 scheduler does them.
+with preemption by recompute and automatic prefix caching, FCFS or priority queues, as vLLM's v1
+scheduler does them.
 
 The engine is plain state and decisions: ``plan()`` picks what the next step computes and what it
 costs, ``finish(plan, end)`` applies it at the step's end. A driver owns time: the virtual-time
@@ -11,9 +12,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from steersman.control.core.prefix import block_hashes
+from steersman.control.sim.prefix_cache import PrefixCache
 from steersman.control.sim.profiles import StepModel
 
 
@@ -32,6 +35,12 @@ class SimRequest:
     finished_at: float | None = None
     preemptions: int = 0
     predicted: float | None = None  # steersman's predicted length (the "steersman" policy)
+    queued_at: float | None = None  # reached the engine's queue (a driver sets it)
+    started_at: float | None = None  # first scheduled to run
+    prefix: tuple[int, ...] = ()  # its prompt's (and response's) segment hashes, core.prefix
+    segment_tokens: int = 0
+    shared: tuple[int, ...] = ()  # cached blocks it holds (not counted in ``blocks``)
+    cached_tokens: int | None = None  # prompt tokens found in the prefix cache when it started
     on_token: Callable[[SimRequest, float], None] | None = None
 
     @property
@@ -91,13 +100,20 @@ class SimEngine:
     (steersman's vLLM scheduler class: the waiting queue by predicted remaining length with
     aging, the victim the running request with the longest predicted remaining length)."""
 
-    def __init__(self, model: StepModel, policy: str = "fcfs", aging_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: StepModel,
+        policy: str = "fcfs",
+        aging_s: float = 1.0,
+        prefix_caching: bool = True,
+    ) -> None:
         if policy not in ("fcfs", "priority", "steersman"):
             raise ValueError(f"unknown scheduling policy {policy!r}")
         self.model = model
         self.policy = policy
         self.aging_s = aging_s
-        self.free_blocks = model.num_blocks
+        self.cache = PrefixCache() if prefix_caching else None
+        self.free_blocks = model.num_blocks  # held by no request (some of them cached)
         self.running: list[SimRequest] = []
         self._waiting: list[tuple[tuple[int, int], SimRequest]] = []
         self._order = itertools.count()
@@ -135,7 +151,8 @@ class SimEngine:
 
     # -- one step -------------------------------------------------------------------------------
 
-    def plan(self) -> Plan | None:
+    def plan(self, now: float | None = None) -> Plan | None:
+        """The next step; ``now`` (when the driver knows it) marks when requests first start."""
         model = self.model
         bs = model.block_size
         budget = model.max_num_batched_tokens
@@ -147,7 +164,7 @@ class SimEngine:
             n = min(req.prompt_tokens + req.generated - req.computed, budget)
             if n <= 0:
                 continue
-            need = -(-(req.computed + n) // bs) - req.blocks
+            need = -(-(req.computed + n) // bs) - req.blocks - len(req.shared)
             while need > self.free_blocks:
                 victim = self._victim()
                 self._preempt(victim)
@@ -156,8 +173,7 @@ class SimEngine:
                     break
             if victims and id(req) in victims:
                 continue
-            self.free_blocks -= need
-            req.blocks += need
+            self._allocate(req, need)
             work.append((req, n))
             budget -= n
         if victims:
@@ -167,14 +183,18 @@ class SimEngine:
         else:
             while self._waiting and budget > 0 and len(self.running) < model.max_num_seqs:
                 req = self._waiting[0][1]
-                n = min(req.prompt_tokens + req.generated - req.computed, budget)
-                need = -(-(req.computed + n) // bs) - req.blocks
-                if need > self.free_blocks:
+                hit = self._cached_prefix(req)
+                start = max(req.computed, len(hit) * bs)
+                n = min(req.prompt_tokens + req.generated - start, budget)
+                need = -(-(start + n) // bs) - req.blocks - len(hit)
+                if need > self.free_blocks - self._held(hit):
                     break
                 heapq.heappop(self._waiting)
-                self.free_blocks -= need
-                req.blocks += need
+                self._share(req, hit)
+                self._allocate(req, need)
                 self.running.append(req)
+                if req.started_at is None:
+                    req.started_at = now
                 work.append((req, n))
                 budget -= n
         if not work:
@@ -198,8 +218,7 @@ class SimEngine:
         else:
             self._waiting = [(k, r) for k, r in self._waiting if r is not req]
             heapq.heapify(self._waiting)
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        self._release(req)
 
     def _head_fits(self) -> bool:
         """Whether the next step would admit the queue's head. During a run of decode steps the
@@ -208,8 +227,11 @@ class SimEngine:
         budget = self.model.max_num_batched_tokens - len(self.running)
         if budget <= 0:
             return False
-        chunk = min(head.total - head.computed, budget)
-        return self._blocks_for(head.computed + chunk) - head.blocks <= self.free_blocks
+        hit = self._cached_prefix(head)
+        start = max(head.computed, len(hit) * self.model.block_size)
+        chunk = min(head.total - start, budget)
+        need = self._blocks_for(start + chunk) - head.blocks - len(hit)
+        return need <= self.free_blocks - self._held(hit)
 
     def _victim(self) -> SimRequest:
         if self.policy == "steersman":
@@ -221,8 +243,7 @@ class SimEngine:
     def _preempt(self, req: SimRequest) -> None:
         """Preemption by recompute: blocks freed, progress lost, back to the queue's head."""
         self.running.remove(req)
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        self._release(req)
         req.computed = 0
         req.preemptions += 1
         self.stats.preemptions += 1
@@ -245,11 +266,60 @@ class SimEngine:
             if req.generated >= req.output_tokens:
                 req.finished_at = end
                 self.running.remove(req)
-                self.free_blocks += req.blocks
-                req.blocks = 0
+                self._release(req)
                 done.append(req)
         self.stats.finished += len(done)
         return done
+
+    # -- KV blocks and the prefix cache ---------------------------------------------------------
+
+    def _hashes(self, req: SimRequest, tokens: int) -> tuple[int, ...]:
+        if self.cache is None or not req.prefix:
+            return ()
+        return block_hashes(req.prefix, req.segment_tokens, tokens, self.model.block_size)
+
+    def _cached_prefix(self, req: SimRequest) -> list[int]:
+        """The request's leading blocks found cached, when it starts (or restarts) its prefill;
+        at least its last token is always computed, as in vLLM."""
+        if self.cache is None or req.computed or req.shared or not req.prefix:
+            return []
+        total = req.prompt_tokens + req.generated
+        return self.cache.match(self._hashes(req, total), (total - 1) // self.model.block_size)
+
+    def _held(self, hit: Sequence[int]) -> int:
+        """Of these cached blocks, how many are free now (taking them uses free room)."""
+        return sum(1 for h in hit if self.cache is not None and h in self.cache.free)
+
+    def _share(self, req: SimRequest, hit: list[int]) -> None:
+        cache = self.cache
+        if cache is None or req.computed or req.shared:
+            return
+        if req.cached_tokens is None:  # vLLM counts the first lookup of a prompt
+            cache.queries += req.prompt_tokens
+            cache.hits += len(hit) * self.model.block_size
+            req.cached_tokens = len(hit) * self.model.block_size
+        if hit:
+            self.free_blocks -= cache.take(hit)
+            req.shared = tuple(hit)
+            req.computed = len(hit) * self.model.block_size
+
+    def _allocate(self, req: SimRequest, need: int) -> None:
+        self.free_blocks -= need
+        req.blocks += need
+        cache = self.cache
+        if cache is not None and cache.evictable > self.free_blocks:
+            cache.evict(cache.evictable - self.free_blocks)  # their room is taken
+
+    def _release(self, req: SimRequest) -> None:
+        """Its blocks are free; the full ones it computed stay cached until the room is needed."""
+        self.free_blocks += req.blocks
+        cache = self.cache
+        if cache is not None:
+            own = self._hashes(req, req.computed)[len(req.shared) :]
+            cache.keep(own[: req.blocks])
+            self.free_blocks += cache.give(req.shared)
+            req.shared = ()
+        req.blocks = 0
 
     # -- many decode steps at once (virtual time) -----------------------------------------------
 
@@ -283,7 +353,7 @@ class SimEngine:
             return steps * base + growth * steps * (steps - 1) / 2
 
         def blocks_needed(steps: int) -> int:
-            return sum(-(-(r.computed + steps) // bs) - r.blocks for r in running)
+            return sum(-(-(r.computed + steps) // bs) - r.blocks - len(r.shared) for r in running)
 
         if duration(k) > horizon:
             k = max(1, _largest(lambda s: duration(s) <= horizon, k))
@@ -311,16 +381,13 @@ class SimEngine:
         for req, _ in plan.work:
             req.computed += k
             req.generated += k
-            need = -(-req.computed // bs) - req.blocks
-            self.free_blocks -= need
-            req.blocks += need
+            self._allocate(req, -(-req.computed // bs) - req.blocks - len(req.shared))
             if req.generated >= req.output_tokens:
                 req.finished_at = end
                 done.append(req)
         for req in done:
             self.running.remove(req)
-            self.free_blocks += req.blocks
-            req.blocks = 0
+            self._release(req)
         self.stats.steps += k
         self.stats.busy_s += plan.duration
         self.stats.finished += len(done)

@@ -5,11 +5,13 @@
   Beyond the four coefficients it has ``e``, the engine time each newly admitted request costs
   (about 3 ms there, more than its prefill tokens), and an admission delay that is longer when
   the engine is idle (``wake_s``); the GPU profiles leave both at 0.
-- ``a100-llama2-7b`` and ``h100-llama3-8b``: derived, not measured, from published figures:
-  HBM bandwidth and dense BF16 throughput from NVIDIA's A100 (2,039 GB/s, 312 TFLOPS) and H100 SXM
-  (3,350 GB/s, 989 TFLOPS) data sheets; model shapes from the Llama 2 and Llama 3 papers (7B: 32
-  layers, hidden 4096, 32 KV heads; 8B: 32 layers, 8 KV heads of 128). ``a`` is reading the
-  weights once per step (bytes / bandwidth) plus 2 ms of framework overhead; ``b`` is
+- ``a100-llama2-7b``, ``h100-llama3-8b`` and ``a30-llama2-7b``: derived, not measured, from
+  published figures: HBM bandwidth and dense BF16 throughput from NVIDIA's A100 80 GB (2,039 GB/s,
+  312 TFLOPS), H100 SXM (3,350 GB/s, 989 TFLOPS) and A30 24 GB (933 GB/s, 165 TFLOPS) data sheets;
+  model shapes from the Llama 2 and Llama 3 papers (7B: 32 layers, hidden 4096, 32 KV heads; 8B:
+  32 layers, 8 KV heads of 128). The A30 with Llama-2-7B is Block's testbed: 13.5 GB of weights
+  leave about 18,000 tokens of KV cache, so it is memory-bound (a few requests fill it). ``a`` is
+  reading the weights once per step (bytes / bandwidth) plus 2 ms of framework overhead; ``b`` is
   2 * parameters FLOP per prefill token at 50% utilisation; ``c`` a per-sequence sampling and
   bookkeeping cost; ``d`` reading one token's K and V for every layer (bytes / bandwidth);
   KV blocks fill 90% of memory after the weights.
@@ -18,7 +20,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from steersman.learners.latency import StepCoefficients
@@ -97,6 +100,7 @@ PROFILES: dict[str, StepModel] = {
     "a100-llama2-7b": _gpu("a100-llama2-7b", 6.74, 2039, 312, 2 * 32 * 4096 * 2, 80, 4096),
     # 2 * 32 layers * 8 KV heads * 128 * 2 bytes = 128 KiB per token.
     "h100-llama3-8b": _gpu("h100-llama3-8b", 8.03, 3350, 989, 2 * 32 * 8 * 128 * 2, 80, 8192),
+    "a30-llama2-7b": _gpu("a30-llama2-7b", 6.74, 933, 165, 2 * 32 * 4096 * 2, 24, 4096),
     # `python -m benchmarks.sim_fidelity` calibrates the vLLM CPU 0.32.0 server it starts (tiny
     # model, one core, float32, 1 GiB KV cache) on the 2-core development machine.
     "cpu-tiny": StepModel(
@@ -119,13 +123,32 @@ PROFILES: dict[str, StepModel] = {
 
 
 def load_profile(name_or_path: str) -> StepModel:
-    """A named profile, or a JSON file written by ``steersman calibrate``."""
+    """A named profile, or a JSON file written by ``steersman calibrate``; a file that does not
+    parse is refused with its name, and the field or the line that is wrong."""
     if name_or_path in PROFILES:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
-    if path.suffix == ".json" and path.exists():
-        return StepModel(**json.loads(path.read_text()))
-    raise ValueError(
-        f"unknown simulator profile {name_or_path!r}; "
-        f"known: {', '.join(PROFILES)} or a calibration .json file"
-    )
+    if path.suffix != ".json" or not path.exists():
+        raise ValueError(
+            f"unknown simulator profile {name_or_path!r}; "
+            f"known: {', '.join(PROFILES)} or a calibration .json file"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile {path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"profile {path}: a JSON object of step-model fields is due")
+    known = {f.name: f for f in fields(StepModel)}
+    for key, value in data.items():
+        if key not in known:
+            raise ValueError(f"profile {path}: unknown field {key!r}")
+        numeric = known[key].type in ("float", "int")
+        if numeric and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"profile {path}: field {key} = {value!r} is not a number")
+        if numeric and (not math.isfinite(value) or value < 0):
+            raise ValueError(f"profile {path}: field {key} = {value!r} must be >= 0")
+    missing = [n for n, f in known.items() if n not in data and f.default is MISSING]
+    if missing:
+        raise ValueError(f"profile {path}: missing field(s) {', '.join(missing)}")
+    return StepModel(**data)

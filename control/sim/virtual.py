@@ -84,7 +84,7 @@ def run_cluster(
         if not engine.has_work():
             busy[k] = False
             return
-        plan = engine.plan_decode_run() or engine.plan()
+        plan = engine.plan_decode_run() or engine.plan(now)
         if plan is None:
             busy[k] = False  # nothing fits until something else finishes
             return
@@ -98,6 +98,7 @@ def run_cluster(
     cancelled: set[int] = set()  # heap entries of runs that were cut short
 
     def enqueue(k: int, req: SimRequest, now: float) -> None:
+        req.queued_at = now
         engines[k].add(req)
         if not busy[k]:
             start(k, now)

@@ -32,6 +32,16 @@ TINY = {"vocab_size": 1000, "hidden": 32, "layers": 1, "heads": 2}  # tests
 SMALL = {"vocab_size": 4096, "hidden": 128, "layers": 2, "heads": 2}  # the offline default
 
 
+def prompt_set(source: str) -> str:
+    """The bundled set a record's source belongs to (or the source itself).
+
+    >>> prompt_set("alpaca_eval/gpt4"), prompt_set("codealpaca_2k"), prompt_set("history")
+    ('alpaca_eval', 'codealpaca', 'history')
+    """
+    head = source.split("/")[0]
+    return "codealpaca" if head.startswith("codealpaca") else head or "other"
+
+
 def grouped_split(groups: Sequence[str], fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Indices of train and validation rows (one group per row); a group is never on both
     sides.
@@ -78,9 +88,11 @@ def train_length_model(
     progress: Callable[[int, int, dict], None] | None = None,
     fit_options: dict[str, Any] | None = None,
     device: str = "cpu",
+    rank_weight: float = 1.0,
 ) -> TrainedModel:
-    """Train (fine-tune ``base_model``, or a new small RoBERTa), validate on held-out prompt
-    groups and save a versioned directory with its metadata. The targets are ``lengths`` when
+    """Train (fine-tune ``base_model``, or a new small RoBERTa) on the log-length regression plus
+    ``rank_weight`` times a ranking loss (ListMLE), validate on held-out prompt groups and save
+    a versioned directory with its metadata. The targets are ``lengths`` when
     given (the SQL history's actual token counts), else the responses counted by ``counter``."""
     from steersman.learners.hf import RobertaLengthModel  # torch: only when training
 
@@ -105,18 +117,26 @@ def train_length_model(
         time_budget_s=time_budget_s,
         seed=seed,
         progress=progress,
-        **(fit_options or {}),
+        **{"rank_weight": rank_weight, **(fit_options or {})},
     )
     predicted = model.predict_log([texts[i] for i in val_idx])
-    val = score(
-        [(math.expm1(p), math.expm1(targets[i])) for p, i in zip(predicted, val_idx, strict=True)]
-    )
+    pairs = [
+        (math.expm1(p), math.expm1(targets[i])) for p, i in zip(predicted, val_idx, strict=True)
+    ]
+    val = score(pairs)
+    by_set: dict[str, list[tuple[float, float]]] = {}
+    for i, pair in zip(val_idx, pairs, strict=True):
+        by_set.setdefault(prompt_set(records[i].source), []).append(pair)
     metrics = {
         "val_mae_tokens": val["mae"],
         "val_within_30": val["within_30"],
         "val_median_rel_error": val["median_rel_error"],
         "val_kendall_tau": val["kendall_tau"],
         "val_mae_log": report["best_val_mae_log"],
+        "val_per_set": {
+            name: {k: got[k] for k in ("n", "kendall_tau", "within_30", "mae")}
+            for name, got in sorted((n, score(p)) for n, p in by_set.items())
+        },
         **{k: report[k] for k in ("stopped", "train_seconds", "steps")},
     }
     digest = hashlib.sha256()
@@ -136,6 +156,7 @@ def train_length_model(
             "seed": seed,
             "metrics": metrics,
             "base_model": str(base_model) if base_model else None,
+            "rank_weight": rank_weight,
         },
     )
     return TrainedModel(

@@ -17,6 +17,7 @@ from steersman.control.serve.predictor import Predictor
 from steersman.control.serve.service import Steersman
 from steersman.control.sim.driver import CoreDriver
 from steersman.control.sim.engine import SimRequest
+from steersman.control.sim.profiles import StepModel, load_profile
 from steersman.learners.batching import MicroBatcher
 from steersman.learners.corrector import BASE_KEY
 from steersman.learners.latency import LatencyModel, StepCoefficients
@@ -65,12 +66,14 @@ def decisions(core: Recording) -> list[tuple]:
 
 @dataclass
 class StubEngine:
-    """What the driver reads of an engine: nothing here that the script does not set."""
+    """What the driver reads of an engine: its profile (a KV cache far larger than this script
+    needs) and an empty KV cache and queue."""
 
+    model: StepModel = field(default_factory=lambda: load_profile("cpu-tiny"))
     waiting: int = 0
 
     def kv_usage(self) -> float | None:
-        return None
+        return 0.0
 
 
 def drive_virtual() -> Recording:

@@ -99,3 +99,60 @@ def test_progressive_score_window():
     assert snap["n"] == 4
     assert snap["mae"] == pytest.approx((50 + 30 + 100) / 3)
     assert snap["within_30"] == pytest.approx(1 / 3)
+
+
+def _noisy(n: int, rng: random.Random, sigma: float, cls: str = "chat"):
+    """Lengths around the base prediction with a log-normal error of ``sigma``."""
+    for _ in range(n):
+        base = rng.uniform(50, 500)
+        yield {"request_class": cls, "base_tokens": base}, base * math.exp(rng.gauss(0, sigma))
+
+
+def _coverage(corrector: LengthCorrector, stream) -> float:
+    inside = []
+    for x, y in stream:
+        band = corrector.predict_band(x)
+        inside.append(band.lo <= y <= band.hi)
+        corrector.learn_one(x, y)
+    return sum(inside) / len(inside)
+
+
+def test_the_band_holds_its_coverage_and_follows_the_errors():
+    rng = random.Random(3)
+    corrector = LengthCorrector(coverage=0.6, band_window=200)
+    assert abs(_coverage(corrector, _noisy(1500, rng, 0.3)) - 0.6) < 0.05
+    narrow = corrector.predict_band({"request_class": "chat", "base_tokens": 200.0})
+    # The predictor gets worse: the band widens until it covers 60% again.
+    _coverage(corrector, _noisy(400, rng, 1.0))
+    assert abs(_coverage(corrector, _noisy(600, rng, 1.0)) - 0.6) < 0.05
+    wide = corrector.predict_band({"request_class": "chat", "base_tokens": 200.0})
+    assert wide.hi / wide.lo > 2 * (narrow.hi / narrow.lo)
+    assert narrow.lo < narrow.mid < narrow.hi
+
+
+def test_a_band_that_comes_out_nan_or_inverted_is_reset_and_counted_not_used():
+    corrector = LengthCorrector(band_min=1)
+    for x, y in _noisy(50, random.Random(4), 0.3):
+        corrector.learn_one(x, y)
+    high = corrector.bands["chat"][1]
+    for _ in range(300):  # poisoned: the upper quantile falls below the lower one
+        high.update(-50.0)
+    band = corrector.predict_band({"request_class": "chat", "base_tokens": 100.0})
+    assert corrector.band_resets == 1 and "chat" not in corrector.bands
+    assert band.lo < band.mid < band.hi and all(math.isfinite(v) for v in vars(band).values())
+
+
+def test_the_fast_path_still_ranks_by_class_and_features():
+    rng = random.Random(5)
+    corrector = LengthCorrector(lr=0.05)
+    for _ in range(2000):
+        cls = rng.choice(["chat", "code"])
+        brief = float(rng.random() < 0.5)
+        length = (300 if cls == "chat" else 40) * (0.3 if brief else 1.0) * rng.uniform(0.8, 1.2)
+        corrector.learn_one({"request_class": cls, "brief": brief}, length)
+    got = {
+        (cls, brief): corrector.predict_one({"request_class": cls, "brief": brief})
+        for cls in ("chat", "code")
+        for brief in (0.0, 1.0)
+    }
+    assert got[("code", 1.0)] < got[("code", 0.0)] < got[("chat", 1.0)] < got[("chat", 0.0)]

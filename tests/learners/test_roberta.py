@@ -69,7 +69,25 @@ def test_a_corrupt_model_directory_is_refused(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not a loadable RoBERTa model"):
+    with pytest.raises(ValueError, match="not a loadable model"):
         RobertaLengthModel.load(broken)
-    with pytest.raises(ValueError, match="not a loadable RoBERTa model"):
+    with pytest.raises(ValueError, match="not a loadable model"):
         RobertaLengthModel.load(tmp_path / "missing")
+
+
+def test_an_encoder_that_is_not_roberta_is_refused_with_the_reason(tiny_model):
+    with pytest.raises(ValueError, match="model_type 'llama' is not a RoBERTa-family encoder"):
+        RobertaLengthModel.load(tiny_model)
+
+
+def test_a_saved_model_served_in_int8_predicts_nearly_the_same(tmp_path):
+    texts = [f"Explain topic {k} " + "in detail " * (k % 7) for k in range(40)]
+    targets = [1.0 + (k % 7) for k in range(40)]
+    model = RobertaLengthModel.from_scratch(texts, vocab_size=600, hidden=32, layers=1, heads=2)
+    model.fit(texts, targets, val_texts=texts, val_targets_log=targets, epochs=30, lr=3e-3)
+    model.save(tmp_path / "m", {"version": "t"})
+    plain = RobertaLengthModel.load(tmp_path / "m").predict_log(texts)
+    quick = RobertaLengthModel.load(tmp_path / "m", quantize=True).predict_log(texts)
+    gaps = [abs(a - b) for a, b in zip(plain, quick, strict=True)]
+    assert max(gaps) < 0.25 and sum(gaps) / len(gaps) < 0.05  # in log1p(tokens)
+    assert max(plain) - min(plain) > 1.0  # a model that learned something, not a constant

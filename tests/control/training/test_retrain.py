@@ -56,9 +56,9 @@ def retrainer(daemon, **kw) -> Retrainer:
     return Retrainer(
         daemon.engine,
         daemon.settings.data_dir / "models",
-        swap=daemon.swap_model,
+        swap=daemon.model.swap,
         event=daemon.event,
-        current=lambda: (daemon.model_dir, daemon.service.predictor.model_version),
+        current=lambda: (daemon.model.directory, daemon.service.predictor.model_version),
         scratch=TINY,
         **kw,
     )
@@ -67,7 +67,7 @@ def retrainer(daemon, **kw) -> Retrainer:
 def test_too_little_history_is_skipped(daemon):
     outcome = retrainer(daemon).run()
     assert outcome.status == "skipped"
-    assert daemon.batcher is None
+    assert daemon.model.batcher is None
 
 
 def test_promote_then_reject_a_worse_candidate_and_serve_throughout(daemon):
@@ -79,8 +79,8 @@ def test_promote_then_reject_a_worse_candidate_and_serve_throughout(daemon):
     first = retrainer(daemon, epochs=40, fit={"lr": 3e-3, "patience": 8}).run()
     assert first.status == "promoted", first.reason
     assert daemon.service.predictor.model_version == first.version
-    assert daemon.batcher is not None
-    assert daemon.model_dir.name == first.version
+    assert daemon.model.batcher is not None
+    assert daemon.model.directory.name == first.version
 
     async def predict():
         return await daemon.service.predictor.predict("List 5 fruits.", max_tokens=300)
@@ -108,8 +108,8 @@ def test_corrupt_model_directory_is_refused_and_the_current_model_stays(daemon, 
     bad = tmp_path / "broken-model"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
-    assert daemon.swap_from(bad) is False
-    assert daemon.service.predictor.model_version is None and daemon.batcher is None
+    assert daemon.model.swap_from(bad) is False
+    assert daemon.service.predictor.model_version is None and daemon.model.batcher is None
     assert daemon.writer.flush(10)
     with daemon.engine.connect() as conn:
         kind, reason = conn.execute(text("SELECT kind, reason FROM controller_events")).one()

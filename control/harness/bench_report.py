@@ -1,0 +1,136 @@
+"""The Markdown report of `steersman bench`: every figure of results.json, in tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS = (
+    ("TTFT p50", "ttft_p50_s"),
+    ("TTFT p99", "ttft_p99_s"),
+    ("E2E mean", "e2e_mean_s"),
+    ("E2E p50", "e2e_p50_s"),
+    ("E2E p90", "e2e_p90_s"),
+    ("E2E p99", "e2e_p99_s"),
+    ("norm mean", "norm_mean_s"),
+    ("norm p99", "norm_p99_s"),
+    ("TPOT mean", "tpot_mean_s"),
+    ("goodput", "goodput_rps"),
+    ("QoE", "qoe_mean"),
+    ("preempt", "preemptions"),
+    ("queue wait", "queue_wait_mean_s"),
+    ("engine wait", "engine_wait_mean_s"),
+    ("FALLBACK", "fallback_share"),
+)
+RATIOS = ("norm_mean_s", "ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "preemptions")
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = ["# steersman bench", "", f"Command: `{results['command']}`", ""]
+    lines.append(f"Started {results['started_at']}; length model `{results['length_model']}`.")
+    if results.get("sim"):
+        lines += sim_section(results["sim"])
+    if results.get("real"):
+        lines += real_section(results["real"])
+    return "\n".join(lines) + "\n"
+
+
+def sim_section(sim: dict[str, Any]) -> list[str]:
+    goodput = sim["goodput"]
+    lines = [
+        "",
+        "## Simulated clusters",
+        "",
+        f"Arrivals shaped like the `{sim['trace']}` trace; lengths: "
+        + (
+            "real held-out prompts with their real response lengths, predicted by the length model."
+            if sim["lengths"] == "prompts"
+            else "the trace's own, with predictions carrying the length model's measured error."
+        ),
+        "Capacity: the highest rate at which a policy keeps P99 TTFT <= "
+        f"{sim['slo_ttft_p99_s']} s; scenario rates are shares of least-load's.",
+        "Normalized latency (norm) is E2E per output token; goodput counts requests/s with "
+        f"TTFT <= {goodput['ttft_s']} s and TPOT <= {goodput['tpot_s']} s. Times in seconds.",
+    ]
+    for p in sim["profiles"]:
+        lines += [
+            "",
+            f"### {p['instances']} x {p['profile']} ({p['kv_capacity_tokens']:,} KV tokens each)",
+            "",
+            "Capacity at the SLO, requests/s: "
+            + ", ".join(f"{k} {v}" for k, v in p["capacity_at_slo_rps"].items()),
+        ]
+        for s in p["scenarios"]:
+            lines += ["", f"#### {s['scenario']}: {s['detail']}", "", table(s["runs"])]
+            lines += ["", ratios(s["runs"])]
+        lines += ["", f"![capacity]({p['profile']}_capacity.png)"]
+        if any(s["scenario"] == "burst" for s in p["scenarios"]):
+            lines += [f"![burst]({p['profile']}_burst.png)"]
+    return lines
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    head = "| policy | " + " | ".join(label for label, _ in COLUMNS) + " |"
+    rows = [head, "|---" * (len(COLUMNS) + 1) + "|"]
+    for r in runs:
+        rows.append(f"| {r['policy']} | " + " | ".join(_fmt(r.get(k)) for _, k in COLUMNS) + " |")
+    return "\n".join(rows)
+
+
+def ratios(runs: list[dict[str, Any]]) -> str:
+    by = {r["policy"]: r for r in runs}
+    base = by.get("least-load")
+    if base is None:
+        return ""
+    parts = []
+    for name in ("steersman", "oracle", "constant", "vllm-priority"):
+        if name not in by:
+            continue
+        got = [f"{m} {_ratio(by[name].get(m), base.get(m))}" for m in RATIOS]
+        parts.append(f"{name}: " + ", ".join(got))
+    return "Ratios to least-load: " + "; ".join(parts) + "."
+
+
+def real_section(real: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"## Real vLLM CPU: a burst of {real['requests']} requests in {real['seconds']:g} s",
+        "",
+        f"Two servers (one core each, the tiny model, {real['kv_blocks']} KV blocks of 128 tokens "
+        f"each, so memory runs out first), {real['repeats']} repeats of each policy, interleaved; "
+        "medians, with the lowest and highest run in brackets.",
+        "",
+        "| policy | ok | E2E mean | E2E p50 | E2E p99 | TTFT p50 | TTFT p99 | norm mean |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in real["runs"]:
+        cells = [
+            f"{_fmt(r.get(m))} [{_fmt((r.get(m + '_spread') or [None])[0])}, "
+            f"{_fmt((r.get(m + '_spread') or [None, None])[-1])}]"
+            for m in (
+                "e2e_mean_s",
+                "e2e_p50_s",
+                "e2e_p99_s",
+                "ttft_p50_s",
+                "ttft_p99_s",
+                "norm_mean_s",
+            )
+        ]
+        lines.append(
+            f"| {r['policy']} | {r['succeeded']}/{r['requests']} | " + " | ".join(cells) + " |"
+        )
+    lines += ["", ratios(real["runs"]), "", "![E2E CDF](real_e2e_cdf.png)"]
+    return lines
+
+
+def _ratio(a: Any, b: Any) -> str:
+    return (
+        f"{a / b:.2f}x" if isinstance(a, int | float) and isinstance(b, int | float) and b else "-"
+    )
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)

@@ -1,0 +1,105 @@
+"""KV-aware admission in the scheduling core: requests go where their footprint, rolled forward
+over the predicted lengths, fits; otherwise they wait, shortest predicted first."""
+
+from __future__ import annotations
+
+import pytest
+
+from steersman.control.core.scheduler import Arrival, InstanceState, Outcome, Scheduler
+from steersman.control.core.settings import ControllerSettings, DispatchSettings
+from steersman.learners.remaining import RemainingLength
+
+CAPACITY = 1000  # KV tokens per instance: target_fill 0.95 leaves 950
+
+
+def core(**dispatch) -> Scheduler:
+    settings = DispatchSettings(policy="least-load", aging_s=1000.0, **dispatch)
+    return Scheduler(settings, ControllerSettings(enabled=False))
+
+
+def state(name="a", *, usage=0.9, waiting=1, cap=100, capacity=CAPACITY) -> InstanceState:
+    """By default the engine reports a busy cache and a queue: no work-conserving override."""
+    return InstanceState(name, cap=cap, kv_usage=usage, waiting=waiting, kv_capacity=capacity,
+                         block=0)  # fmt: skip
+
+
+def send(s: Scheduler, rid: str, prompt: int, tokens: float, now: float = 0.0) -> None:
+    # Compensation is 1.2 x + 10: a base of (t - 10) / 1.2 schedules t tokens.
+    s.add(Arrival(rid, prompt, {"base_tokens": (tokens - 10) / 1.2}), now)
+
+
+def placed(s: Scheduler, *instances: InstanceState, now: float = 0.0) -> list[str]:
+    return [a.request_id for a in s.schedule(list(instances), now)]
+
+
+@pytest.mark.parametrize(
+    ("newcomer", "admitted"),
+    [
+        pytest.param((100, 50), True, id="short: done before the crowd grows"),
+        pytest.param((100, 460), False, id="long: outlives the crowd at its peak"),
+        pytest.param((500, 50), False, id="a prompt the cache cannot hold beside them"),
+    ],
+)
+def test_a_request_goes_only_where_its_lifetime_footprint_fits(newcomer, admitted):
+    s = core()
+    send(s, "big", 400, 500)  # 400 + 500 = 900 of 950 at its end
+    assert placed(s, state()) == ["big"]  # nothing of ours there yet: it takes anything
+    send(s, "new", *newcomer)
+    assert (placed(s, state()) == ["new"]) is admitted
+    assert s.depth == (0 if admitted else 1)
+    assert s.stats.kv_held == (0 if admitted else 1)
+
+
+def test_the_engine_measuring_room_and_no_queue_admits_anyway():
+    s = core()
+    send(s, "big", 400, 500)
+    placed(s, state())
+    send(s, "new", 100, 460)
+    assert placed(s, state(usage=0.9, waiting=0)) == []  # measured full: the projection stands
+    assert placed(s, state(usage=0.2, waiting=3)) == []  # the engine has a queue: it stands
+    assert placed(s, state(usage=0.2, waiting=0)) == ["new"]  # room the projection did not see
+    assert s.stats.kv_overrides == 1
+
+
+def test_it_picks_the_instance_with_room_and_the_count_cap_still_bounds():
+    s = core()
+    send(s, "big", 400, 500)
+    assert placed(s, state("a"), state("b", cap=0)) == ["big"]
+    send(s, "long", 100, 460)
+    assert placed(s, state("a"), state("b", cap=1)) == ["long"]  # only b has room for it
+    assert s.running("b") == {"long": 0}
+    send(s, "more", 10, 10)
+    assert placed(s, state("a", cap=1), state("b", cap=1)) == []  # both at their cap
+
+
+def test_what_is_left_of_requests_past_their_prediction_is_refined():
+    learned = RemainingLength(window=100, refresh_every=10, min_samples=10)
+    for _ in range(50):  # this class runs twice as long as scheduled
+        learned.learn_one({"request_class": "other", "scheduled": 100.0}, 200)
+    s = Scheduler(DispatchSettings(policy="least-load"), ControllerSettings(enabled=False),
+                  remaining=learned)  # fmt: skip
+    send(s, "old", 100, 100)
+    placed(s, state())
+    s.progress("old", 150)  # past its prediction: half of it again is expected, not a tenth
+    send(s, "new", 700, 100)
+    # 100 + 150 + 50 left, with 700 + 50 of the newcomer, is over 950: it waits.
+    assert placed(s, state()) == []
+    s.finish("old", Outcome(200), now=1.0)
+    assert placed(s, state(), now=1.0) == ["new"]
+
+
+def test_unknown_capacity_falls_back_to_the_count_cap():
+    s = core()
+    for k in range(3):
+        send(s, f"r{k}", 10_000, 10_000)
+    assert placed(s, state(capacity=None, cap=2)) == ["r0", "r1"]
+
+
+def test_waiting_requests_go_shortest_predicted_first():
+    s = core()
+    send(s, "big", 400, 500)
+    placed(s, state())
+    for rid, tokens in (("long", 400), ("short", 20), ("mid", 100)):
+        send(s, rid, 10, tokens)
+    s.finish("big", Outcome(500), now=1.0)
+    assert placed(s, state(), now=1.0) == ["short", "mid", "long"]

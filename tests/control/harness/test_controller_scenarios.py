@@ -1,0 +1,28 @@
+"""The controller on simulated instances: quiet while the predictor is good, FALLBACK soon after
+it breaks, NORMAL again once it is mended, no flapping, and bands that follow a shift."""
+
+from __future__ import annotations
+
+import pytest
+
+from steersman.control.harness.controller_scenarios import run
+
+
+def test_a_stationary_workload_with_a_good_predictor_stays_normal():
+    got = run("stationary", seed=0)
+    assert got["fallback_share"] <= 0.05
+    assert abs(got["coverage_overall"] - got["coverage_target"]) <= 0.07
+
+
+@pytest.mark.parametrize("broken", ["other-model", "shuffled"])
+def test_a_broken_predictor_falls_back_once_and_recovers_when_mended(broken):
+    got = run(broken, seed=0)
+    assert got["detected_after"] is not None and got["detected_after"] <= 60, got
+    assert got["entries_in_break"] == 1, got  # no flapping
+    assert got["normal_after_mend"] is not None and got["normal_after_mend"] <= 300, got
+
+
+def test_bands_follow_an_abrupt_shift_from_chat_to_code():
+    got = run("shift", seed=0)
+    assert got["shift_coverage_by_300"] is not None and got["shift_coverage_by_300"] <= 300
+    assert got["entries_in_shift"] <= 1
