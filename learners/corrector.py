@@ -84,8 +84,8 @@ class LengthCorrector:
         drift_delta: float = 0.002,
         max_tokens: int = 32_768,
         direct_prior: float = 128.0,
-        coverage: float = 0.6,
-        band_window: int = 200,
+        coverage: float = 0.8,
+        band_window: int = 500,
         band_min: int = 20,
     ) -> None:
         self.lr = lr
@@ -184,11 +184,12 @@ class LengthCorrector:
         self.bands[cls] = (got[0], got[1], got[2] + 1)
 
     def reset(self) -> None:
-        """Forget what was learned online (the controller's hot model update). The bands stay:
-        they describe the recent errors, which are what tells a broken predictor."""
+        """Forget what was learned online (the controller's hot model update, a new model): the
+        corrections, and the bands, which described the errors of the corrected predictions."""
         self.residual = _model(self.lr, self.l2, self.intercept_lr)
         self.direct = _model(self.lr, self.l2, self.intercept_lr)
         self.detector = drift.ADWIN(delta=self.drift_delta)
+        self.bands.clear()
 
     def _upper(self, max_tokens: Any) -> float:
         return float(max_tokens) if _finite(max_tokens) and max_tokens > 0 else self.max_tokens

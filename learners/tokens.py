@@ -23,7 +23,10 @@ class TokenCounter:
         self.tokenizer = Tokenizer.from_file(str(path))
 
     def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self.ids(text))
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         encoded = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)

@@ -121,6 +121,8 @@ class InstanceScraper:
                 "waiting": None if m is None else _int(m.waiting),
                 "kv_cache_usage": None if m is None else m.kv_cache_usage,
                 "preemptions_total": None if m is None else m.preemptions_total,
+                "prefix_cache_queries": None if m is None else m.prefix_cache_queries,
+                "prefix_cache_hits": None if m is None else m.prefix_cache_hits,
                 "ttft_mean_s": ttft,
                 "itl_mean_s": itl,
             }

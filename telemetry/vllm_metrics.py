@@ -69,6 +69,8 @@ class InstanceMetrics:
     waiting: float | None = None
     kv_cache_usage: float | None = None  # 0..1
     preemptions_total: float | None = None
+    prefix_cache_queries: float | None = None  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: float | None = None  # of which found cached
     num_gpu_blocks: int | None = None
     block_size: int | None = None
     ttft: Histogram | None = None
@@ -84,6 +86,8 @@ _GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # the name before vLLM 0.10
     "vllm:num_preemptions": "preemptions_total",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
 }
 _HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "ttft",
@@ -153,6 +157,8 @@ def parse_metrics(text: str) -> InstanceMetrics:
         # Each engine reports its own usage; the instance's is their mean.
         kv_cache_usage=sum(usage) / len(usage) if usage else None,
         preemptions_total=total("preemptions_total"),
+        prefix_cache_queries=total("prefix_cache_queries"),
+        prefix_cache_hits=total("prefix_cache_hits"),
         num_gpu_blocks=info.get("num_gpu_blocks"),
         block_size=info.get("block_size"),
         **{key: acc.histogram() for key, acc in sums.items()},

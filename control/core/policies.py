@@ -116,10 +116,11 @@ def prefix_affinity(ctx: DispatchContext) -> Decision:
 
 def predictive(ctx: DispatchContext) -> Decision:
     """Block-style: roll each instance's batch forward with predicted remaining lengths and its
-    latency model; score = the new request's predicted latency (its prefill charged only for what
-    the instance likely does not hold cached) plus (``impact_weight`` times) the delay it adds to
-    the requests already there. The lowest score wins: affinity is weighed against load and
-    decode time in one cost, so a hot prefix does not pile everything on one instance."""
+    latency model; score = the new request's predicted latency plus (``impact_weight`` times) the
+    delay it adds to the requests already there, its prefill charged, to it and to each of them,
+    only for what the instance likely does not hold cached. The lowest score wins: affinity is
+    weighed against load and decode time in one cost, so a hot prefix does not pile everything on
+    one instance."""
     return _lowest(_costs(ctx, max(ctx.predicted_tokens, 1.0)), "predictive")
 
 
@@ -138,9 +139,10 @@ def _costs(ctx: DispatchContext, length: float) -> dict[str, float]:
     for view, steps in zip(ctx.instances, shared, strict=True):
         if view.free:
             per_seq = view.step_per_seq_s
-            uncached = max(ctx.prompt_tokens - view.cached_tokens, 1)
+            # The uncached prefill delays the newcomer, and every request decoding beside it.
+            prefill = max(ctx.prompt_tokens - view.cached_tokens, 1) * view.prefill_s_per_token
             scores[view.name] = (
-                uncached * view.prefill_s_per_token
+                prefill * (1.0 + ctx.impact_weight * view.in_flight)
                 + length * (view.step_base_s + per_seq)
                 + weight * per_seq * float(steps)
             )

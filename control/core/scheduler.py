@@ -26,7 +26,7 @@ from steersman.control.core.running import InFlight
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.learners.corrector import BASE_KEY, Band
 from steersman.learners.latency import StepCoefficients
-from steersman.learners.remaining import RemainingLength
+from steersman.learners.remaining import RemainingLength, remaining
 
 Admission = Literal["kv", "count", "none"]
 DEFAULT_STEP = StepCoefficients(0.01, 0.0005, 0.0001)
@@ -132,6 +132,7 @@ class SchedulerStats:
 class _Entry:
     arrival: Arrival
     ticket: Ticket
+    added_at: float
     instance: str | None = None
 
 
@@ -200,25 +201,27 @@ class Scheduler:
         if self.dispatch.admission != "none" and self.depth >= self.dispatch.max_queue:
             raise QueueFull(f"{self.depth} requests already waiting")
         ticket = self._ticket(arrival, now)
-        self._entries[arrival.request_id] = _Entry(arrival, ticket)
+        self._entries[arrival.request_id] = _Entry(arrival, ticket, now)
         self._waiting += 1
         heapq.heappush(self._queue, (ticket.key, next(self._seq), arrival.request_id))
         return ticket
 
     def _ticket(self, arrival: Arrival, now: float) -> Ticket:
+        """The band is the corrector's (calibrated: misses are judged against it); the scheduled
+        length is the point of it that compensation picks."""
         band = self._predict(arrival)
-        corrected = band.mid
+        corrected = band.mid if math.isfinite(band.mid) else self.default_tokens
+        cap = float(arrival.max_tokens) if arrival.max_tokens else math.inf
+        low, high = (min(max(v, 1.0), cap) if math.isfinite(v) else corrected
+                     for v in (band.lo, band.hi))  # fmt: skip
         if self.dispatch.policy == "oracle" and arrival.true_tokens is not None:
-            points = (band.lo, corrected, band.hi)  # the truth is not compensated
+            scheduled = corrected  # the truth is not compensated
         else:
             comp = self.state.compensation_for(arrival.request_class, self.controller)
-            points = (comp.apply(band.lo), comp.apply(corrected), comp.apply(band.hi))
-        cap = float(arrival.max_tokens) if arrival.max_tokens else math.inf
-        fallback = corrected if math.isfinite(corrected) else self.default_tokens
-        low, scheduled, high = (
-            min(max(p, 1.0), cap) if math.isfinite(p) else min(max(fallback, 1.0), cap)
-            for p in points
-        )
+            scheduled = comp.apply(corrected)
+        if not math.isfinite(scheduled):
+            scheduled = corrected
+        scheduled = min(max(scheduled, low, 1.0), max(high, 1.0), cap)
         ordered = self.priorities and self.state.mode == "NORMAL"
         key = priority_key(scheduled if ordered else 0.0, now, self.dispatch.aging_s)
         priority = vllm_priority(key, self.origin, self.dispatch.aging_s) if self.priorities else 0
@@ -246,11 +249,9 @@ class Scheduler:
         fallback = self.state.mode == "FALLBACK" and self.dispatch.policy in PREDICTIVE
         policy = POLICIES[self.dispatch.fallback_policy] if fallback else self._policy
         flying = self._running
-        kv = (
-            KvRoom(instances, self._running, self.dispatch)
-            if self.dispatch.admission == "kv"
-            else None
-        )
+        # In FALLBACK the predictions are not trusted: no projection of them holds anything back.
+        projected = self.dispatch.admission == "kv" and not fallback
+        kv = KvRoom(instances, self._running, self.dispatch) if projected else None
         order = np.array([flying.instance(i.name) for i in instances], dtype=np.intp)
         views = [self._view(i) for i in instances]
         out: list[Assignment] = []
@@ -265,8 +266,10 @@ class Scheduler:
             blocks = [self._blocks(a, i) for i in instances]
             cached = [self._cached(i, b) for i, b in zip(instances, blocks, strict=True)]
             offered, forced = views, set()
-            if kv is not None:
-                room, forced = kv.decide(a.prompt_tokens, t.scheduled, left, cached)
+            held_long = now - entry.added_at > self.dispatch.max_hold_s
+            if kv is not None and not held_long:
+                expected = self._expected(a, t)
+                room, forced = kv.decide(a.prompt_tokens, expected, left, cached)
                 offered = [
                     v if ok else replace(v, room=False) for v, ok in zip(views, room, strict=True)
                 ]
@@ -311,6 +314,13 @@ class Scheduler:
                 self._prefixes[name].touch(blocks[k])
             views[k] = self._view(instances[k])
         return out
+
+    def _expected(self, a: Arrival, t: Ticket) -> float:
+        """The length a waiting request is expected to run to: its scheduled length corrected by
+        how actual lengths of its class have compared with scheduled ones (compensation aims
+        high on purpose; the KV footprint wants the expectation)."""
+        table = self.remaining.table(a.request_class)
+        return float(remaining(np.array([t.scheduled]), np.zeros(1), table)[0])
 
     def _blocks(self, a: Arrival, instance: InstanceState) -> tuple[int, ...]:
         if not a.prefix:

@@ -32,7 +32,7 @@ class ControllerSettings(_Section):
     miss_streak: int = Field(default=5, ge=1, description="Consecutive misses that start FALLBACK.")
     fallback_s: float = Field(default=60.0, gt=0, description="Longest FALLBACK period.")
     recover_hits: int = Field(
-        default=20, ge=1, description="Consecutive shadow hits that end FALLBACK early."
+        default=10, ge=1, description="Consecutive shadow hits that end FALLBACK early."
     )
     compensation_a: float = Field(default=1.2, gt=0, description="Initial a in a*length + b.")
     compensation_b: float = Field(default=10.0, ge=0, description="Initial b in a*length + b.")
@@ -88,6 +88,12 @@ class DispatchSettings(_Section):
         description="kv: admit anyway (work-conserving) while the measured KV usage, with the "
         "newcomer's prompt, stays under this share and the engine has no queue: the predictions "
         "were too long.",
+    )
+    max_hold_s: float = Field(
+        default=0.25,
+        ge=0,
+        description="kv: a request that has waited this long goes out without the projection "
+        "(within max_in_flight): predictions never hold one back for longer.",
     )
     aging_s: float = Field(
         default=2.0, gt=0, description="Waiting this long outranks a prediction twice as short."

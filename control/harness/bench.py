@@ -55,7 +55,8 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
     """The policies compared: what operators run today (stock vLLM FCFS behind round-robin or
     least-load), vLLM's priority policy fed with steersman's predictions but no steersman
     queue, steersman complete, and steersman with the true lengths (the bound) or with a
-    predictor that knows nothing (what the predictions themselves earn)."""
+    predictor that knows nothing (what the predictions themselves earn); and, for workloads that
+    share prefixes, a router by prefix affinity in front of stock vLLM."""
     lb = {"admission": "none"}
     return {
         "round-robin": Variant(
@@ -72,7 +73,15 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
             DispatchSettings(policy="oracle"), engine, "truth", ControllerSettings(enabled=False)
         ),
         "constant": Variant(DispatchSettings(policy=dispatch), engine, "constant"),
+        "prefix-affinity": Variant(
+            DispatchSettings(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
+        ),
     }
+
+
+# The policies compared by default; with prefixes in the workload, prefix-affinity joins them.
+STANDARD = ("round-robin", "least-load", "vllm-priority", "steersman", "oracle", "constant")
+PREFIX = ("round-robin", "least-load", "prefix-affinity", "steersman", "oracle")
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,8 @@ class Item:
     prompt_tokens: int
     output_tokens: int
     features: dict[str, Any]  # with the base prediction under BASE_KEY
+    prefix: tuple[int, ...] = ()  # segment hashes of the prompt and response (core.prefix)
+    segment_tokens: int = 0
 
 
 def prompt_items(
@@ -146,7 +157,16 @@ def run_sim(
     requests, features = [], {}
     for i, (item, t) in enumerate(zip(items, times, strict=True)):
         rid = f"r{i}"
-        requests.append(SimRequest(rid, t, item.prompt_tokens, item.output_tokens))
+        requests.append(
+            SimRequest(
+                rid,
+                t,
+                item.prompt_tokens,
+                item.output_tokens,
+                prefix=item.prefix,
+                segment_tokens=item.segment_tokens,
+            )
+        )
         if variant.predictor == "learned":
             features[rid] = item.features
         elif variant.predictor == "constant":
@@ -179,8 +199,16 @@ def run_sim(
         within_30=round(1 - s.misses / s.scored, 3) if s.scored else None,
         kv_held=s.kv_held,
         kv_overrides=s.kv_overrides,
+        prefix_hit_rate=_hit_rate(engines),
     )
     return out
+
+
+def _hit_rate(engines: Sequence[SimEngine]) -> float | None:
+    """Prompt tokens found in the engines' prefix caches over tokens looked up (vLLM's)."""
+    queries = sum(e.cache.queries for e in engines if e.cache is not None)
+    hits = sum(e.cache.hits for e in engines if e.cache is not None)
+    return round(hits / queries, 4) if queries else None
 
 
 def measure(
@@ -229,8 +257,9 @@ def _qoe(r: SimRequest) -> float | None:
 
 
 def _stats(label: str, values: Sequence[float]) -> dict[str, float | None]:
-    out: dict[str, float | None] = {f"{label}_mean_s": _round(statistics.fmean(values))
-                                    if values else None}  # fmt: skip
+    out: dict[str, float | None] = {
+        f"{label}_mean_s": _round(statistics.fmean(values)) if values else None
+    }
     for q in (50, 90, 99):
         out[f"{label}_p{q}_s"] = _round(percentile(values, q / 100))
     return out

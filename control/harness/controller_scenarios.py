@@ -78,7 +78,7 @@ def run(
     rate: float = 8.0,
     instances: int = 4,
     seed: int = 0,
-    coverage: float = 0.6,
+    coverage: float = 0.8,
 ) -> dict[str, Any]:
     """``scenario``: "stationary", "shift" (chat, then code from ``break_at``), or a break of
     the predictor from ``break_at`` (one of BREAKS) mended at ``mend_at`` (a better model)."""

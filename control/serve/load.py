@@ -91,5 +91,7 @@ class LoadWatcher:
             "waiting": engine.waiting,
             "kv_cache_usage": instance.kv_usage,
             "preemptions_total": float(engine.stats.preemptions),
+            "prefix_cache_queries": float(engine.cache.queries) if engine.cache else None,
+            "prefix_cache_hits": float(engine.cache.hits) if engine.cache else None,
             "in_flight": self.in_flight(instance.name),
         }

@@ -46,6 +46,8 @@ class CoreDriver:
             x,
             request_class=str(x.get("request_class", "other")),
             true_tokens=req.output_tokens,
+            prefix=req.prefix,
+            segment_tokens=req.segment_tokens,
         )
         self.scheduler.add(arrival, now)
         self._requests[req.id] = req

@@ -198,4 +198,4 @@ def test_the_daemon_and_the_virtual_time_driver_decide_alike():
     assert {a.instance for _, a in virtual.decided} == {"0", "1"}
     assert sum(t > 0.3 * int(a.request_id[1:]) for t, a in virtual.decided) > 5  # waited
     assert {a.mode for _, a in virtual.decided} == {"NORMAL", "FALLBACK"}
-    assert virtual.stats.fallbacks == daemon.stats.fallbacks == 1
+    assert virtual.stats.fallbacks == daemon.stats.fallbacks >= 1

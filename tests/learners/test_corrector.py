@@ -135,7 +135,7 @@ def test_a_band_that_comes_out_nan_or_inverted_is_reset_and_counted_not_used():
     for x, y in _noisy(50, random.Random(4), 0.3):
         corrector.learn_one(x, y)
     high = corrector.bands["chat"][1]
-    for _ in range(300):  # poisoned: the upper quantile falls below the lower one
+    for _ in range(corrector.band_window):  # poisoned: the upper quantile falls below the lower
         high.update(-50.0)
     band = corrector.predict_band({"request_class": "chat", "base_tokens": 100.0})
     assert corrector.band_resets == 1 and "chat" not in corrector.bands

@@ -14,10 +14,10 @@ def test_a_stationary_workload_with_a_good_predictor_stays_normal():
     assert abs(got["coverage_overall"] - got["coverage_target"]) <= 0.07
 
 
-@pytest.mark.parametrize("broken", ["other-model", "shuffled"])
-def test_a_broken_predictor_falls_back_once_and_recovers_when_mended(broken):
+@pytest.mark.parametrize(("broken", "within"), [("other-model", 60), ("shuffled", 150)])
+def test_a_broken_predictor_falls_back_once_and_recovers_when_mended(broken, within):
     got = run(broken, seed=0)
-    assert got["detected_after"] is not None and got["detected_after"] <= 60, got
+    assert got["detected_after"] is not None and got["detected_after"] <= within, got
     assert got["entries_in_break"] == 1, got  # no flapping
     assert got["normal_after_mend"] is not None and got["normal_after_mend"] <= 300, got
 
