@@ -79,6 +79,20 @@ def prompt_text(prompt: Any = None, messages: Any = None) -> tuple[str, int]:
     return "", 1
 
 
+def conversation_text(prompt: Any = None, messages: Any = None) -> str:
+    """The whole input as one text, every message after its role: what a prefix cache sees
+    (a chat's next turn starts with the same text as the one before).
+
+    >>> conversation_text(messages=[{"role": "user", "content": "hi"}])
+    '<|user|>\\nhi\\n<|assistant|>\\n'
+    """
+    if isinstance(messages, Sequence) and not isinstance(messages, str):
+        turns = [m for m in messages if isinstance(m, Mapping)]
+        text = "".join(f"<|{m.get('role')}|>\n{_content_text(m.get('content'))}\n" for m in turns)
+        return text + "<|assistant|>\n"
+    return prompt_text(prompt=prompt)[0]
+
+
 def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content

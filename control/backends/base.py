@@ -38,6 +38,7 @@ class GenerationResult:
     token_times: list[tuple[float, int]] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache, if reported
     finish_reason: str | None = None
     texts: dict[int, str] = field(default_factory=dict)
     error: str | None = None
@@ -71,6 +72,9 @@ class GenerationResult:
         if usage:
             self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
             self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+            details = usage.get("prompt_tokens_details") or {}
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.cached_tokens = details["cached_tokens"]
         tokens = self.completion_tokens
         last = self.token_times[-1][1] if self.token_times else 0
         if tokens is not None and tokens > last:

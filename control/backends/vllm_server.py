@@ -171,6 +171,7 @@ class VllmServer:
             str(self.max_model_len),
             "--scheduling-policy",
             "priority",
+            "--enable-prompt-tokens-details",  # usage reports the prompt tokens found cached
             "--host",
             "127.0.0.1",
             "--port",

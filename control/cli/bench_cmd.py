@@ -20,12 +20,18 @@ from steersman.control.training.tiny_model import served_model
 from steersman.learners.tokens import TokenCounter
 
 BUNDLED_TRACES = ("azure_conv", "azure_code", "mooncake")
+HASHED = "mooncake_hashes"  # the Mooncake trace with its prefix-block hash ids
 
 
 class Suite(StrEnum):
     sim = "sim"
     real = "real"
     all = "all"
+
+
+class RealWorkload(StrEnum):
+    burst = "burst"
+    multiturn = "multiturn"
 
 
 class Lengths(StrEnum):
@@ -49,9 +55,13 @@ def bench_command(
         str,
         typer.Option(
             help="sim: arrivals (and with --lengths trace, lengths): azure_conv, azure_code, "
-            "mooncake, or a CSV arrival_s,input_tokens,output_tokens."
+            "mooncake, or a CSV arrival_s,input_tokens,output_tokens; mooncake_hashes: the "
+            "Mooncake conversations with their shared prefixes (prefix-aware policies compared)."
         ),
     ] = "azure_conv",
+    block_tokens: Annotated[
+        int, typer.Option(help="sim, mooncake_hashes: tokens a hash id (512 in the trace).", min=1)
+    ] = 64,
     lengths: Annotated[
         Lengths,
         typer.Option(
@@ -74,6 +84,13 @@ def bench_command(
     real_kv_blocks: Annotated[
         int, typer.Option(help="real: KV blocks of 128 tokens per server (memory-bound).", min=8)
     ] = 24,
+    real_workload: Annotated[
+        RealWorkload,
+        typer.Option(
+            help="real: a burst of independent prompts, or multi-turn chats that resend their "
+            "history (prefix-aware policies compared)."
+        ),
+    ] = RealWorkload.burst,
     vllm_python: Annotated[
         str, typer.Option(envvar="STEERSMAN_VLLM_PYTHON", help="real: vLLM CPU Python.")
     ] = ".vllm-venv/bin/python",
@@ -115,6 +132,7 @@ def bench_command(
             length_model,
             checks,
             lengths,
+            block_tokens,
             instances,
             requests,
             slo_ttft,
@@ -134,6 +152,7 @@ def bench_command(
                 real_seconds,
                 real_repeats,
                 real_kv_blocks,
+                real_workload,
                 seed,
                 out,
             )
@@ -150,6 +169,7 @@ def _checked(
     """Everything a user typed, checked before anything runs (a profile or trace that does not
     parse is refused with its file, line and field)."""
     from steersman.control.harness.bench_suite import SimOptions, arrivals
+    from steersman.control.harness.prefix import arrival_trace, load_hashed_trace
     from steersman.control.harness.workloads import load_trace
     from steersman.control.sim.profiles import load_profile
     from steersman.data import path
@@ -158,11 +178,17 @@ def _checked(
     if suite in (Suite.sim, Suite.all):
         checks["profiles"] = {name: load_profile(name) for name in profiles}
         bundled = trace in BUNDLED_TRACES
-        source = path(trace) if bundled else Path(trace)
-        if not bundled and not source.exists():
-            raise ValueError(f"--trace {trace}: no such file, and not one of {BUNDLED_TRACES}")
+        source = path(trace) if bundled or trace == HASHED else Path(trace)
+        if not bundled and trace != HASHED and not source.exists():
+            raise ValueError(
+                f"--trace {trace}: no such file, and not one of {(*BUNDLED_TRACES, HASHED)}"
+            )
         checks["trace_name"] = trace
-        checks["trace"] = load_trace(source, strict=not bundled)
+        if trace == HASHED:
+            checks["hashed"] = load_hashed_trace(source)
+            checks["trace"] = arrival_trace(checks["hashed"])
+        else:
+            checks["trace"] = load_trace(source, strict=not bundled)
         checks["scenarios"] = tuple(s.strip() for s in scenarios.split(",") if s.strip())
         for scenario in checks["scenarios"]:
             arrivals(scenario, checks["trace"], 2, 1.0, SimOptions())
@@ -172,18 +198,33 @@ def _checked(
 
 
 def _sim_suite(
-    console, counter, length_model, checks, lengths, instances, n, slo, goodput, seed, out
+    console,
+    counter,
+    length_model,
+    checks,
+    lengths,
+    block_tokens,
+    instances,
+    n,
+    slo,
+    goodput,
+    seed,
+    out,
 ) -> dict[str, Any]:
     from steersman.control.harness import bench
     from steersman.control.harness.bench_suite import SimOptions, run_profile
     from steersman.learners.hf import RobertaLengthModel
 
     model = RobertaLengthModel.load(length_model)
+    hashed = checks.get("hashed")
+    if hashed is not None:
+        lengths = Lengths.trace
     options = SimOptions(
         instances=instances,
         requests=n,
         lengths=lengths.value,
         scenarios=checks["scenarios"],
+        policies=bench.STANDARD if hashed is None else bench.PREFIX,
         slo_ttft_s=slo,
         goodput=goodput,
         seed=seed,
@@ -192,9 +233,12 @@ def _sim_suite(
     errors = None
     if lengths is Lengths.trace:
         errors = bench.model_errors(counter, model.predict_log, 1000, seed + 1)
-    profiles = []
+    profiles, refused = [], {}
     for name, profile in checks["profiles"].items():
-        if errors is None:
+        if hashed is not None:
+            window = profile.max_model_len
+            items, refused[name] = bench.hashed_items(hashed, errors, n, block_tokens, window, seed)
+        elif errors is None:
             items = bench.prompt_items(counter, model.predict_log, n, profile.max_model_len, seed)
         else:
             items = bench.trace_items(trace, errors, n, profile.max_model_len, seed)
@@ -211,8 +255,17 @@ def _sim_suite(
                 lambda text: console.print(text, markup=False),
             )
         )
+    prefixes = {}
+    if hashed is not None:
+        prefixes = {
+            "block_tokens": block_tokens,
+            "scaling": f"each hash id (512 tokens in the trace) is {block_tokens} tokens",
+            "refused_over_window": {name: len(lines) for name, lines in refused.items()},
+            "skipped_lines": len(hashed.skipped),
+        }
     return {
         "trace": checks["trace_name"],
+        **prefixes,
         "lengths": lengths.value,
         "slo_ttft_p99_s": slo,
         "goodput": {"ttft_s": goodput[0], "tpot_s": goodput[1]},
@@ -221,29 +274,50 @@ def _sim_suite(
 
 
 def _real_suite(
-    settings, counter, model_dir, length_model, vllm_python, n, seconds, repeats, blocks, seed, out
+    settings,
+    counter,
+    model_dir,
+    length_model,
+    vllm_python,
+    n,
+    seconds,
+    repeats,
+    blocks,
+    workload,
+    seed,
+    out,
 ) -> dict[str, Any]:
     from steersman.control.harness import plots
-    from steersman.control.harness.bench_real import VARIANTS, burst_workload, run_real
+    from steersman.control.harness.bench_real import (
+        MULTITURN,
+        VARIANTS,
+        burst_workload,
+        multiturn_workload,
+        run_real,
+    )
     from steersman.control.harness.demo import DemoConfig
 
-    items = burst_workload(counter, n, seconds, seed)
+    if workload is RealWorkload.multiturn:
+        items, policies = multiturn_workload(counter, n, seconds, seed), list(MULTITURN)
+    else:
+        items, policies = burst_workload(counter, n, seconds, seed), list(VARIANTS)
     run_dir = settings.data_dir / "bench" / f"{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    memory_bound = (*DemoConfig.server_args, "--num-gpu-blocks-override", str(blocks))
-    config = DemoConfig(
-        "vllm", run_dir, model_dir, length_model, vllm_python, server_args=memory_bound
-    )
-    runs = run_real(config, settings, items, list(VARIANTS), repeats)
+    args = DemoConfig.server_args
+    if workload is RealWorkload.burst:  # memory-bound, as on a GPU; chats keep a whole cache
+        args = (*args, "--num-gpu-blocks-override", str(blocks))
+    config = DemoConfig("vllm", run_dir, model_dir, length_model, vllm_python, server_args=args)
+    runs = run_real(config, settings, items, policies, repeats)
     plots.cdf(
         out / "real_e2e_cdf.png",
         {r["policy"]: r["e2e_all"] for r in runs},
-        f"E2E latency, 2 vLLM CPU servers, {n} requests in {seconds:g} s",
+        f"E2E latency, 2 vLLM CPU servers, {len(items)} {workload.value} requests",
         "seconds",
     )
     return {
+        "workload": workload.value,
         "requests": len(items),
         "seconds": seconds,
         "repeats": repeats,
-        "kv_blocks": blocks,
+        "kv_blocks": blocks if workload is RealWorkload.burst else None,
         "runs": [{k: v for k, v in r.items() if not k.endswith("_all")} for r in runs],
     }

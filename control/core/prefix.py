@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+SEGMENT_TOKENS = 16  # tokens a segment of a tokenized prompt (the smallest KV block size)
+
 
 def chain(pieces: Iterable[Sequence[int]]) -> tuple[int, ...]:
     """Chained hashes of successive token runs (each names everything up to it)."""

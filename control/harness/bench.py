@@ -20,6 +20,7 @@ from typing import Any
 from steersman.control.core.qoe import qoe
 from steersman.control.core.scheduler import Scheduler
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
+from steersman.control.harness.prefix import HashedTrace, mooncake_items
 from steersman.control.harness.workloads import (
     Trace,
     build_workload,
@@ -122,6 +123,26 @@ def trace_items(
         base = output * math.exp(rng.choice(errors)) if errors else None
         items.append(Item(prompt, output, {BASE_KEY: base} if base else {}))
     return items
+
+
+def hashed_items(
+    trace: HashedTrace,
+    errors: Sequence[float],
+    n: int,
+    block_tokens: int,
+    max_model_len: int,
+    seed: int,
+) -> tuple[list[Item], list[int]]:
+    """The hashed Mooncake trace's first ``n`` requests with their shared prefixes (each hash id
+    ``block_tokens`` tokens) and predictions carrying the length model's measured error;
+    (items, lines refused for overflowing the window)."""
+    rng = random.Random(seed)
+    raw, refused = mooncake_items(trace, n, block_tokens, max_model_len)
+    items = []
+    for r in raw:
+        features = {BASE_KEY: r.output_tokens * math.exp(rng.choice(errors))} if errors else {}
+        items.append(Item(r.prompt_tokens, r.output_tokens, features, r.prefix, r.segment_tokens))
+    return items, refused
 
 
 def model_errors(counter: TokenCounter, predict_log: PredictLog, n: int, seed: int) -> list[float]:

@@ -1,9 +1,11 @@
-"""The real suite of `steersman bench`: a burst that builds real queues on two vLLM CPU servers,
-each policy in turn behind the daemon, on the identical replay, repeated; medians and spread.
+"""The real suite of `steersman bench`: two vLLM CPU servers, each policy in turn behind the
+daemon, on the identical replay, repeated; medians and spread.
 
-The servers run steersman's scheduler class with a KV cache of ``kv_blocks`` blocks each, so
-that, as on a GPU, memory is what runs out first; the baseline sends them no priorities and no
-predictions, which makes them stock vLLM with its FCFS order.
+Two workloads: a burst of independent prompts that builds real queues (the servers' KV caches
+cut to a few blocks, so that, as on a GPU, memory runs out first), and multi-turn chats that
+resend their history (prefix-cache hit rates from the servers' own counters). The baselines send
+no priorities and no predictions, which makes the servers stock vLLM with its FCFS order. Each
+run salts vLLM's prefix cache afresh (``cache_salt``), so no run finds another's blocks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import random
 import statistics
 from dataclasses import replace
 from typing import Any
+
+import httpx
 
 from steersman.control.harness.demo import (
     MAX_MODEL_LEN,
@@ -22,12 +26,14 @@ from steersman.control.harness.demo import (
     run_replay,
     summarize_run,
 )
+from steersman.control.harness.prefix import conversations, work_items
 from steersman.control.harness.workloads import WorkItem, build_workload, load_trace, trace_arrivals
 from steersman.control.serve.daemon import Daemon, serving
 from steersman.control.serve.settings import Settings
 from steersman.control.training.bundled import bundled_records, held_out
 from steersman.data import path
 from steersman.learners.tokens import TokenCounter
+from steersman.telemetry.vllm_metrics import parse_metrics
 
 # What each policy means in a deployment.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -35,7 +41,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "steersman": {},
     "oracle": {"dispatch": {"policy": "oracle"}, "controller": {"enabled": False}},
 }
-METRICS = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s", "norm_mean_s")
+BASELINES: dict[str, dict[str, Any]] = {
+    "round-robin": {"dispatch": {"policy": "round-robin", "admission": "none"}, "stock": True},
+    "prefix-affinity": {
+        "dispatch": {"policy": "prefix-affinity", "admission": "none"},
+        "stock": True,
+    },
+}
+MULTITURN = ("round-robin", "least-load", "prefix-affinity", "steersman")
+METRICS = (
+    "e2e_mean_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "norm_mean_s",
+    "prefix_hit_rate",
+)
 
 
 def burst_workload(counter: TokenCounter, n: int, seconds: float, seed: int) -> list[WorkItem]:
@@ -44,6 +66,33 @@ def burst_workload(counter: TokenCounter, n: int, seconds: float, seed: int) -> 
     times = trace_arrivals(load_trace(path("azure_conv")), n, n / seconds, rng)
     _, prompts = held_out(bundled_records())
     return build_workload(prompts, times, counter, rng, max_model_len=MAX_MODEL_LEN)
+
+
+def multiturn_workload(counter: TokenCounter, n: int, seconds: float, seed: int) -> list[WorkItem]:
+    """About ``n`` turns of chats of up to four turns from the held-out prompts, each turn
+    resending the history, arriving within about ``seconds``."""
+    _, prompts = held_out(bundled_records())
+    chats = conversations(
+        prompts,
+        counter,
+        count=max(1, n // 4),
+        turns=4,
+        think_s=2.0,
+        max_model_len=MAX_MODEL_LEN,
+        seed=seed,
+    )
+    return work_items(chats, "multiturn", rate=len(chats) / seconds)
+
+
+def prefix_counters(urls: list[str]) -> tuple[float, float]:
+    """(prompt tokens looked up, found cached), summed over the servers' own counters."""
+    queries = hits = 0.0
+    with httpx.Client(timeout=10.0) as client:
+        for url in urls:
+            m = parse_metrics(client.get(f"{url}/metrics").text)
+            queries += m.prefix_cache_queries or 0.0
+            hits += m.prefix_cache_hits or 0.0
+    return queries, hits
 
 
 def run_real(
@@ -58,14 +107,20 @@ def run_real(
     with instances(config) as specs:
         for repeat in range(repeats):
             for policy in policies:
-                variant = {k: v for k, v in VARIANTS[policy].items() if k != "stock"}
-                stock = VARIANTS[policy].get("stock", False)
+                chosen = {**VARIANTS, **BASELINES}[policy]
+                variant = {k: v for k, v in chosen.items() if k != "stock"}
+                stock = chosen.get("stock", False)
                 run_specs = [{**s, "priority": False} if stock else s for s in specs]
                 run_config = replace(config, run_dir=config.run_dir / f"{policy}-{repeat}")
                 run_config.run_dir.mkdir(parents=True, exist_ok=True)
                 settings = daemon_settings(run_config, run_specs, base, variant)
+                urls = [s["url"] for s in specs if "url" in s]
+                before = prefix_counters(urls) if urls else (0.0, 0.0)
+                salt = {"cache_salt": f"{policy}-{repeat}"}
                 with serving(Daemon(settings)) as url:
-                    outcomes, wall = run_replay(url, items)
+                    outcomes, wall = run_replay(url, items, extra_body=salt)
+                after = prefix_counters(urls) if urls else (0.0, 0.0)
+                looked_up, found = after[0] - before[0], after[1] - before[1]
                 summary = summarize_run(outcomes, wall, history_summary(settings.database_url))
                 ok = [o for o in outcomes if o.ok]
                 summary.update(
@@ -77,6 +132,7 @@ def run_real(
                     )
                     if ok
                     else None,
+                    prefix_hit_rate=_round(found / looked_up) if looked_up else None,
                     ttft_all=[o.ttft_s for o in ok if o.ttft_s is not None],
                     e2e_all=[o.e2e_s for o in ok if o.e2e_s is not None],
                 )

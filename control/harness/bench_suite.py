@@ -22,7 +22,7 @@ class SimOptions:
     requests: int = 5000
     lengths: str = "prompts"  # or "trace"
     scenarios: tuple[str, ...] = ("steady:0.8", "steady:0.95", "burst", "gamma2", "gamma4")
-    policies: tuple[str, ...] = tuple(bench.variants())
+    policies: tuple[str, ...] = bench.STANDARD
     slo_ttft_s: float = 1.0
     goodput: tuple[float, float] = (1.0, 0.1)
     burst_s: float = 60.0

@@ -133,6 +133,7 @@ def run_replay(
     url: str,
     items: list[WorkItem],
     on_outcome: Callable[[Outcome], None] | None = None,
+    extra_body: dict[str, Any] | None = None,
 ) -> tuple[list[Outcome], float]:
     """Send the workload through the gateway as an OpenAI client would; (outcomes, wall s)."""
 
@@ -142,7 +143,9 @@ def run_replay(
         try:
             models = await backend.models()
             model = models[0]["id"] if models else "tiny"
-            return await replay(items, backend, model=model, on_outcome=on_outcome)
+            return await replay(
+                items, backend, model=model, on_outcome=on_outcome, extra_body=extra_body
+            )
         finally:
             await backend.aclose()
 

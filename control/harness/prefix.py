@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from steersman.control.core.prefix import token_segments
-from steersman.control.harness.workloads import Trace, TraceRow
+from steersman.control.core.prefix import SEGMENT_TOKENS, token_segments
+from steersman.control.harness.workloads import Trace, TraceRow, WorkItem
 from steersman.learners.datasets import PromptRecord
+from steersman.learners.features import conversation_text
 from steersman.learners.tokens import TokenCounter
 
 MOONCAKE_BLOCK = 512  # tokens a hash id names in the published trace
-SEGMENT = 16  # tokens a segment of a tokenized prompt (the smallest KV block size)
 
 
 @dataclass(frozen=True)
@@ -139,19 +139,19 @@ def conversations(
         for t in range(turns):
             record = rng.choice(pool)
             messages = (*history, {"role": "user", "content": record.prompt})
-            text = render(messages)
+            text = conversation_text(messages=messages)
             prompt_ids = counter.tokenizer.encode(text, add_special_tokens=False).ids
             answer_ids = counter.tokenizer.encode(record.response, add_special_tokens=False).ids
             if len(prompt_ids) + len(answer_ids) + 1 > max_model_len:
                 break
-            segments = token_segments([*prompt_ids, *answer_ids], SEGMENT)
+            segments = token_segments([*prompt_ids, *answer_ids], SEGMENT_TOKENS)
             items.append(
                 PrefixItem(
                     c + t * think_s,
                     len(prompt_ids),
                     max(1, len(answer_ids)),
                     segments,
-                    SEGMENT,
+                    SEGMENT_TOKENS,
                     messages,
                 )
             )
@@ -160,9 +160,30 @@ def conversations(
     return items
 
 
-def render(messages: Sequence[dict[str, str]]) -> str:
-    """A chat as one text, the way the tiny model's template lays it out."""
-    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+def work_items(
+    items: Sequence[PrefixItem], source: str, rate: float | None = None
+) -> list[WorkItem]:
+    """The items as a replay sends them; with ``rate``, their arrivals rescaled to that mean
+    rate (requests/s), keeping the trace's shape."""
+    span = max((i.arrival_s for i in items), default=0.0) - min(
+        (i.arrival_s for i in items), default=0.0
+    )
+    scale = 1.0 if rate is None or span <= 0 else len(items) / rate / span
+    first = min((i.arrival_s for i in items), default=0.0)
+    return [
+        WorkItem(
+            k,
+            (i.arrival_s - first) * scale,
+            f"{source}-{k}",
+            source,
+            "",
+            i.prompt_tokens,
+            i.output_tokens,
+            i.messages,
+            i.token_ids,
+        )
+        for k, i in enumerate(items)
+    ]
 
 
 def arrival_trace(trace: HashedTrace) -> Trace:

@@ -28,6 +28,7 @@ class Outcome:
     e2e_s: float | None
     qoe: float | None
     error: str | None
+    cached_tokens: int | None = None  # prompt tokens the server found cached, if it says
 
     @property
     def ok(self) -> bool:
@@ -44,26 +45,27 @@ async def replay(
     expected_pace: float = 0.2,
     clock: Callable[[], float] = time.monotonic,
     on_outcome: Callable[[Outcome], None] | None = None,
+    extra_body: dict[str, Any] | None = None,
 ) -> list[Outcome]:
     """Send each item at its arrival time (times ``time_scale``) with ``max_tokens`` = its true
-    length and ``ignore_eos``, so the server generates exactly the real response's length."""
+    length and ``ignore_eos``, so the server generates exactly the real response's length.
+    A chat item goes to chat completions; ``extra_body`` is merged into every request."""
     start = clock()
 
     async def one(item: WorkItem) -> Outcome:
         delay = start + item.arrival_s * time_scale - clock()
         if delay > 0:
             await asyncio.sleep(delay)
-        body = {
-            "model": model,
-            "prompt": item.prompt,
-            "max_tokens": item.true_tokens,
-            "ignore_eos": True,
-        }
+        kind = "chat" if item.messages else "completion"
+        body: dict[str, Any] = {"model": model, "max_tokens": item.true_tokens, "ignore_eos": True}
+        if item.messages:
+            body["messages"] = list(item.messages)
+        else:
+            body["prompt"] = list(item.token_ids) if item.token_ids else item.prompt
+        body.update(extra_body or {})
         result = GenerationResult(f"replay-{item.index}", backend.name, clock())
         try:
-            async for _ in backend.stream(
-                GenerationRequest(result.request_id, "completion", body), result
-            ):
+            async for _ in backend.stream(GenerationRequest(result.request_id, kind, body), result):
                 pass
         except BackendError as exc:
             result.error = result.error or str(exc)
@@ -88,6 +90,7 @@ def _outcome(item: WorkItem, r: GenerationResult, ttft: float, pace: float) -> O
         e2e_s=r.e2e if r.ok else None,
         qoe=qoe(relative, r.completion_tokens or 0, expected_ttft=ttft, expected_pace=pace),
         error=r.error,
+        cached_tokens=r.cached_tokens,
     )
 
 
@@ -109,6 +112,8 @@ def summarize(outcomes: Sequence[Outcome], wall_s: float) -> dict[str, Any]:
             "p95": percentile(values, 0.95),
             "p99": percentile(values, 0.99),
         }
+    cached = [o.cached_tokens for o in ok if o.cached_tokens is not None]
+    summary["cached_prompt_tokens"] = sum(cached) if cached else None  # as the server reports
     summary["errors"] = sorted({o.error for o in outcomes if o.error})[:10]
     return summary
 

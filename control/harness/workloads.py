@@ -140,6 +140,8 @@ class WorkItem:
     prompt: str
     prompt_tokens: int
     true_tokens: int  # the real response's length in the served model's tokens
+    messages: tuple[dict[str, str], ...] = ()  # a chat (sent as one, its history included)
+    token_ids: tuple[int, ...] = ()  # a prompt sent as token ids (the hashed Mooncake trace)
 
 
 def build_workload(

@@ -71,9 +71,10 @@ class Daemon:
             if s.telemetry.enabled
             else None
         )
-        count = None
+        count = tokenize = None
         if s.predictor.tokenizer_dir is not None:
-            count = TokenCounter(s.predictor.tokenizer_dir).count
+            counter = TokenCounter(s.predictor.tokenizer_dir)
+            count, tokenize = counter.count, counter.ids
         model, version, directory = load_length_model(s.predictor, self.engine)
         corrector = LengthCorrector(lr=s.predictor.corrector_lr, max_tokens=s.predictor.max_tokens)
         predictor = Predictor(
@@ -93,6 +94,7 @@ class Daemon:
             store_prompts=s.storage.store_prompts,
             max_tokens_is_length=s.predictor.max_tokens_is_length,
             telemetry=self.sampler.features if self.sampler else dict,
+            tokenize=tokenize,
             on_hot_update=self._hot_update,
         )
         self.model = ServedModel(

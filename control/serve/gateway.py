@@ -264,7 +264,8 @@ async def _serve(
         raise
     job = await service.prepare(request_id, kind, data)
     try:
-        _check_window(card, job.prediction.prompt_tokens)
+        # the whole input (a chat's history too), as the server will see it
+        _check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
     except ApiError as exc:
         service.reject(job, exc.message)
         raise

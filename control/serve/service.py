@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,13 +23,14 @@ from steersman.control.backends.base import (
     GenerationResult,
     InstanceUnavailable,
 )
+from steersman.control.core.prefix import SEGMENT_TOKENS, token_segments
 from steersman.control.core.qoe import qoe
 from steersman.control.core.records import EventRecord, RequestRecord
 from steersman.control.core.scheduler import Arrival, Assignment, Outcome, Report, Scheduler
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Prediction, Predictor, request_context
-from steersman.learners.features import prompt_text
+from steersman.learners.features import conversation_text, prompt_text
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class Steersman:
         store_prompts: bool = True,
         max_tokens_is_length: bool = False,
         telemetry: Callable[[], Mapping[str, Any]] = dict,
+        tokenize: Callable[[str], Sequence[int]] | None = None,
         on_hot_update: Callable[[str], None] | None = None,
         expected_ttft_s: float = 1.0,
         expected_pace_s: float = 0.2,
@@ -91,6 +93,7 @@ class Steersman:
         # Replays set max_tokens to the true length: then it is neither a hint nor a cut-off.
         self.max_tokens_is_length = max_tokens_is_length
         self.telemetry = telemetry
+        self.tokenize = tokenize  # the served model's tokenizer: prompts' prefixes for the core
         self.on_hot_update = on_hot_update
         self.expected = (expected_ttft_s, expected_pace_s)
         self.clock = clock
@@ -112,13 +115,16 @@ class Steersman:
         context = request_context(self.telemetry, self.instances.values(), self.scheduler.in_flight)
         p = await self.predictor.predict(text, turns=turns, max_tokens=cap, context=context)
         self.metrics.predictions.labels(p.path).inc()
+        ids = self._token_ids(kind, body)
         arrival = Arrival(
             request_id,
-            p.prompt_tokens or 0,
+            len(ids) if ids else p.prompt_tokens or 0,
             p.x,
             request_class=p.request_class,
             max_tokens=cap,
             true_tokens=max_tokens if self.max_tokens_is_length else None,
+            prefix=token_segments(ids, SEGMENT_TOKENS),
+            segment_tokens=SEGMENT_TOKENS,
         )
         record = RequestRecord(
             request_id,
@@ -134,6 +140,23 @@ class Steersman:
             model_version=self.predictor.model_version,
         )
         return Job(request_id, kind, body, p, arrival, record)
+
+    def _token_ids(self, kind: str, body: dict[str, Any]) -> Sequence[int]:
+        """The whole input's tokens (every turn of a chat), or none without a tokenizer."""
+        prompt = body.get("prompt")
+        if kind != "chat" and isinstance(prompt, list) and all(type(t) is int for t in prompt):
+            return prompt  # token ids already
+        if self.tokenize is None:
+            return ()
+        if kind == "chat":
+            text = conversation_text(messages=body.get("messages"))
+        else:
+            text = conversation_text(prompt=prompt)
+        try:
+            return self.tokenize(text)
+        except Exception:  # a tokenizer hiccup costs the prefix, not the request
+            log.debug("tokenizing the prompt failed", exc_info=True)
+            return ()
 
     def reject(self, job: Job, reason: str) -> None:
         """Record a request refused before it was scheduled (the client's mistake)."""
@@ -223,6 +246,7 @@ class Steersman:
                 self._close(job, error=str(exc))
                 raise
             job.assignment = a
+            job.record.expected_cached_tokens = a.cached_tokens
             instance = self.instances[a.instance]
             result = GenerationResult(job.request_id, instance.name, self.clock())
             streamed = False
@@ -306,6 +330,7 @@ class Steersman:
             rec.dispatched_at = result.started_at
             rec.first_token_at, rec.finish_reason = result.first_token_at, result.finish_reason
             rec.prompt_tokens = result.prompt_tokens or rec.prompt_tokens
+            rec.cached_tokens = result.cached_tokens
         actual = result.completion_tokens if result is not None and error is None else None
         if actual is None or result is None:
             self.scheduler.abort(job.request_id)

@@ -11,6 +11,7 @@ from steersman.control.core.policies import (
     least_load,
     oracle,
     predictive,
+    prefix_affinity,
     random_choice,
     rollout,
     round_robin,
@@ -18,8 +19,8 @@ from steersman.control.core.policies import (
 from steersman.control.core.priority import priority_key
 
 
-def ctx(views, predicted=100.0, counter=0, true_tokens=None, request_id="r1"):
-    return DispatchContext(views, request_id, predicted, 50, 0.0, counter, true_tokens)
+def ctx(views, predicted=100.0, counter=0, true_tokens=None, request_id="r1", prompt=50):
+    return DispatchContext(views, request_id, predicted, prompt, 0.0, counter, true_tokens)
 
 
 def test_round_robin_cycles_and_skips_full_or_down_instances():
@@ -102,3 +103,29 @@ def test_priority_orders_short_first_and_ages():
     waited = 4.0 * 7  # log2(1001/11) is about 6.5 doublings
     assert priority_key(1000, 0.0, 4.0) < priority_key(10, waited, 4.0)
     assert priority_key(float("nan"), 0.0, 4.0) > priority_key(1e6, 0.0, 4.0)
+
+
+def test_prefix_affinity_follows_the_longest_cached_prefix_then_load():
+    views = [
+        InstanceView("busy", in_flight=6, cached_tokens=512),
+        InstanceView("idle", cached_tokens=0),
+        InstanceView("idler", cached_tokens=0),
+    ]
+    assert prefix_affinity(ctx(views)).instance == "busy"
+    views[0].cached_tokens = 0
+    assert prefix_affinity(ctx(views)).instance == "idle"
+
+
+def test_predictive_weighs_a_cached_prefix_against_load():
+    long_prompt = 4000  # its prefill is what a cache hit saves
+    warm = InstanceView("warm", in_flight=1, remaining=(20.0,), prefill_s_per_token=0.0002)
+    cold = InstanceView("cold", prefill_s_per_token=0.0002)
+    views = [cold, warm]
+    assert predictive(ctx(views, predicted=50, prompt=long_prompt)).instance == "cold"
+    warm.cached_tokens = 3968
+    assert predictive(ctx(views, predicted=50, prompt=long_prompt)).instance == "warm"
+    # A hot prefix does not pile everything on one instance: with enough already there, the
+    # saved prefill is worth less than the wait.
+    warm.in_flight, warm.remaining = 40, tuple([900.0] * 40)
+    warm.step_per_seq_s = 0.002
+    assert predictive(ctx(views, predicted=50, prompt=long_prompt)).instance == "cold"

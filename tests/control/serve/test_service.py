@@ -187,13 +187,14 @@ def test_fallback_switches_to_round_robin_and_resets_the_corrector():
             fallback_policy="round-robin",
             on_hot_update=hot.append,
         )
-        # Predictions far above the truth: the fast predictor starts at 128 tokens.
+        # The fast path predicts the class's running mean length, which lengths alternating
+        # between 4 and 300 tokens keep missing (it starts at 128).
         for k in range(3):
             body = {
                 "model": "m",
                 "prompt": "x",
                 "max_tokens": 500,
-                "vllm_xargs": {"sim_output_tokens": 4},
+                "vllm_xargs": {"sim_output_tokens": 4 if k % 2 == 0 else 300},
             }
             job = await svc.prepare(f"n{k}", "completion", body)
             async for _ in svc.run(job):

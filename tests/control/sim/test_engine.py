@@ -190,3 +190,40 @@ def test_cluster_dispatch_sees_each_engine_and_every_request_finishes():
         r.first_token_at >= r.arrival and r.finished_at >= r.first_token_at for r in run.finished
     )
     assert {len([1 for e in run.engines if e.stats.finished])} == {4}
+
+
+def _chat(n_segments: int, tail: int) -> tuple[int, ...]:
+    from steersman.control.core.prefix import chain
+
+    return chain([[s] * 16 for s in range(n_segments)] + [[1000 + tail] * 16])
+
+
+def test_a_cached_prefix_skips_its_prefill_and_counts_as_vllm_does():
+    engine = SimEngine(UNIT)
+    first = SimRequest("a", 0.0, prompt_tokens=160, output_tokens=2, segment_tokens=16)
+    first.prefix = _chat(9, 0)
+    engine.add(first)
+    _drain(engine)
+    second = SimRequest("b", 0.0, prompt_tokens=160, output_tokens=2, segment_tokens=16)
+    second.prefix = _chat(9, 1)  # the same 144 tokens, then its own
+    engine.add(second)
+    plan = engine.plan()
+    assert (first.cached_tokens, second.cached_tokens) == (0, 144)
+    assert plan.prefill_tokens == 160 - 144
+    assert (engine.cache.queries, engine.cache.hits) == (320, 144)
+
+
+def test_cached_blocks_are_evicted_least_recently_used_when_room_is_needed():
+    model = dataclasses.replace(UNIT, num_blocks=12)
+    engine = SimEngine(model)
+    for k, tail in enumerate((0, 1)):
+        r = SimRequest(f"r{k}", 0.0, prompt_tokens=160, output_tokens=1, segment_tokens=16)
+        r.prefix = _chat(9, tail) if k == 0 else tuple(x + 1 for x in _chat(9, tail))
+        engine.add(r)
+        _drain(engine)  # the first one's 10 blocks are cached; the second one needs them
+    again = SimRequest("again", 0.0, prompt_tokens=160, output_tokens=1, segment_tokens=16)
+    again.prefix = _chat(9, 0)
+    engine.add(again)
+    _drain(engine)
+    assert again.cached_tokens < 144  # evicted to make room for the second prompt
+    assert engine.free_blocks == model.num_blocks
