@@ -26,12 +26,17 @@ def evaluate(
     pairs: dict[str, list[tuple[float, float]]] = {p: [] for p in PATHS}
     per_class: dict[str, dict[str, list[tuple[float, float]]]] = {}
     rolling: dict[int, dict[str, float]] = {}
+    bands: dict[str, list[tuple[float, float, float]]] = {"fast": [], "corrected": []}
     for i, (text, y) in enumerate(zip(prompts, actual, strict=True)):
         x: dict[str, Any] = request_features(text, prompt_tokens=prompt_tokens[i])
-        guesses = {"fast": fast.predict_one(x)}
+        band = fast.predict_band(x)
+        guesses = {"fast": band.mid}
+        bands["fast"].append((band.lo, band.hi, float(y)))
         if base is not None:
+            band = corrected.predict_band({**x, BASE_KEY: base[i]})
             guesses["base"] = base[i]
-            guesses["corrected"] = corrected.predict_one({**x, BASE_KEY: base[i]})
+            guesses["corrected"] = band.mid
+            bands["corrected"].append((band.lo, band.hi, float(y)))
         for name, value in guesses.items():
             pairs[name].append((value, float(y)))
             per_class.setdefault(x["request_class"], {p: [] for p in PATHS})[name].append(
@@ -54,5 +59,24 @@ def evaluate(
             for cls, paths in sorted(per_class.items())
         },
         "rolling_mae": rolling,
+        "band": {name: band_score(got) for name, got in bands.items() if got},
         "drift_events": corrected.drifts if base is not None else fast.drifts,
+    }
+
+
+def band_score(bands: list[tuple[float, float, float]], tolerance: float = 0.3) -> dict[str, float]:
+    """Of (low, high, actual): the share inside the band (its coverage), the share more than
+    ``tolerance`` outside it (the controller's misses), and the median width high / low.
+
+    >>> band_score([(10, 20, 15), (10, 20, 30), (10, 20, 5)])
+    {'coverage': 0.333, 'miss_rate': 0.667, 'median_width': 2.0}
+    """
+    inside = sum(lo <= y <= hi for lo, hi, y in bands)
+    missed = sum(y < lo * (1 - tolerance) or y > hi * (1 + tolerance) for lo, hi, y in bands)
+    widths = [hi / max(lo, 1.0) for lo, hi, _ in bands]
+    n = len(bands)
+    return {
+        "coverage": round(inside / n, 3),
+        "miss_rate": round(missed / n, 3),
+        "median_width": round(statistics.median(widths), 3),
     }

@@ -221,7 +221,9 @@ class Scheduler:
             scheduled = comp.apply(corrected)
         if not math.isfinite(scheduled):
             scheduled = corrected
-        scheduled = min(max(scheduled, low, 1.0), max(high, 1.0), cap)
+        if high > low:  # a band to clip into (without a corrector there is only the point)
+            scheduled = min(max(scheduled, low), high)
+        scheduled = min(max(scheduled, 1.0), cap)
         ordered = self.priorities and self.state.mode == "NORMAL"
         key = priority_key(scheduled if ordered else 0.0, now, self.dispatch.aging_s)
         priority = vllm_priority(key, self.origin, self.dispatch.aging_s) if self.priorities else 0

@@ -20,6 +20,7 @@ COLUMNS = (
     ("queue wait", "queue_wait_mean_s"),
     ("engine wait", "engine_wait_mean_s"),
     ("FALLBACK", "fallback_share"),
+    ("prefix hit", "prefix_hit_rate"),
 )
 RATIOS = ("norm_mean_s", "ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "preemptions")
 
@@ -51,6 +52,13 @@ def sim_section(sim: dict[str, Any]) -> list[str]:
         "Normalized latency (norm) is E2E per output token; goodput counts requests/s with "
         f"TTFT <= {goodput['ttft_s']} s and TPOT <= {goodput['tpot_s']} s. Times in seconds.",
     ]
+    if sim.get("scaling"):
+        lines.append(
+            f"Prefixes: {sim['scaling']}; requests over the model's window left out (as vLLM "
+            f"would refuse them): {sim['refused_over_window']}; trace lines skipped: "
+            f"{sim['skipped_lines']}. Prefix hit: prompt tokens found cached over those looked "
+            "up, as vLLM counts them."
+        )
     for p in sim["profiles"]:
         lines += [
             "",
@@ -87,36 +95,54 @@ def ratios(runs: list[dict[str, Any]]) -> str:
             continue
         got = [f"{m} {_ratio(by[name].get(m), base.get(m))}" for m in RATIOS]
         parts.append(f"{name}: " + ", ".join(got))
-    return "Ratios to least-load: " + "; ".join(parts) + "."
+    text = "Ratios to least-load: " + "; ".join(parts) + "."
+    for other in ("prefix-affinity", "round-robin"):
+        if other in by and "steersman" in by and by[other].get("prefix_hit_rate"):
+            got = [
+                f"{m} {_ratio(by['steersman'].get(m), by[other].get(m))}"
+                for m in ("prefix_hit_rate", "ttft_p50_s", "ttft_p99_s", "e2e_mean_s")
+            ]
+            text += f" steersman to {other}: " + ", ".join(got) + "."
+    return text
+
+
+REAL = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s", "norm_mean_s")
 
 
 def real_section(real: dict[str, Any]) -> list[str]:
+    multiturn = real.get("workload") == "multiturn"
+    if multiturn:
+        title = f"multi-turn chats, {real['requests']} turns in about {real['seconds']:g} s"
+        setup = "each turn resending its history; prefix hit from the servers' own counters"
+    else:
+        title = f"a burst of {real['requests']} requests in {real['seconds']:g} s"
+        setup = f"{real['kv_blocks']} KV blocks of 128 tokens each, so memory runs out first"
+    metrics = REAL + (("prefix_hit_rate",) if multiturn else ())
     lines = [
         "",
-        f"## Real vLLM CPU: a burst of {real['requests']} requests in {real['seconds']:g} s",
+        f"## Real vLLM CPU: {title}",
         "",
-        f"Two servers (one core each, the tiny model, {real['kv_blocks']} KV blocks of 128 tokens "
-        f"each, so memory runs out first), {real['repeats']} repeats of each policy, interleaved; "
-        "medians, with the lowest and highest run in brackets.",
+        f"Two servers (one core each, the tiny model; {setup}), {real['repeats']} repeats of each "
+        "policy, interleaved; medians, with the lowest and highest run in brackets. Fast path: "
+        "the share of predictions RoBERTa did not make within its deadline.",
         "",
-        "| policy | ok | E2E mean | E2E p50 | E2E p99 | TTFT p50 | TTFT p99 | norm mean |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy | ok | E2E mean | E2E p50 | E2E p99 | TTFT p50 | TTFT p99 | norm mean |"
+        + (" prefix hit |" if multiturn else "")
+        + " fast path |",
+        "|---" * (len(metrics) + 3) + "|",
     ]
     for r in real["runs"]:
         cells = [
             f"{_fmt(r.get(m))} [{_fmt((r.get(m + '_spread') or [None])[0])}, "
             f"{_fmt((r.get(m + '_spread') or [None, None])[-1])}]"
-            for m in (
-                "e2e_mean_s",
-                "e2e_p50_s",
-                "e2e_p99_s",
-                "ttft_p50_s",
-                "ttft_p99_s",
-                "norm_mean_s",
-            )
+            for m in metrics
         ]
+        paths = (r.get("prediction") or {}).get("paths") or {}
+        fast = _ratio(paths.get("fast", 0), sum(paths.values())).rstrip("x")
         lines.append(
-            f"| {r['policy']} | {r['succeeded']}/{r['requests']} | " + " | ".join(cells) + " |"
+            f"| {r['policy']} | {r['succeeded']}/{r['requests']} | "
+            + " | ".join(cells)
+            + f" | {fast} |"
         )
     lines += ["", ratios(real["runs"]), "", "![E2E CDF](real_e2e_cdf.png)"]
     return lines

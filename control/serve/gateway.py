@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,7 +33,12 @@ class CompletionBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, max_length=256)
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+    )
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     stream: bool = False
     stream_options: dict[str, bool] | None = None
@@ -42,17 +47,74 @@ class CompletionBody(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[dict[str, Any]], Field(min_length=1)]
+        | None
+    ) = None
 
 
 class ChatBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, max_length=256)
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        # at least one message carries content (the check in the handler, declared)
+        json_schema_extra={
+            "contains": {"type": "object", "required": ["content"],
+                         "properties": {"content": {"not": {"type": "null"}}}}
+        },
+    )  # fmt: skip
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
     stream: bool = False
     stream_options: dict[str, bool] | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape: every 4xx and 5xx the gateway returns has it."""
+
+    error: ErrorDetail
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    why = {
+        400: "Invalid request (the field is named in error.param)",
+        401: "Missing or invalid API key",
+        403: "This key may not use this endpoint",
+        404: "Unknown model or path",
+        405: "Method not allowed (see the Allow header)",
+        413: "Request body too large",
+        422: "Unused: validation errors are answered 400",
+        429: "steersman's queue is full",
+        500: "Internal error",
+        503: "No instance could serve the request",
+    }
+    return {s: {"model": ErrorResponse, "description": why[s]} for s in statuses}
+
+
+_GENERATION = {
+    200: {
+        "description": "A completion, or with stream=true its server-sent events",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {"type": "string"}},
+        },
+    },
+    **_errors(400, 401, 403, 404, 413, 422, 429, 500, 503),
+}
+
+
+class Health(BaseModel):
+    status: str
+    instances_up: int
 
 
 class ApiError(Exception):
@@ -174,38 +236,44 @@ def create_app(
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        body = error_body(str(exc.detail), kind)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)  # Allow
 
-    @app.post("/v1/completions", dependencies=[inference])
+    @app.post("/v1/completions", dependencies=[inference], responses=_GENERATION)
     async def completions(body: CompletionBody) -> Response:
         data = body.model_dump(exclude_unset=True)
         if body.prompt in ("", []) or (isinstance(body.prompt, list) and "" in body.prompt):
             raise ApiError(400, "prompt must not be empty", param="prompt")
         return await _serve(app, service, "completion", data, body.stream)
 
-    @app.post("/v1/chat/completions", dependencies=[inference])
+    @app.post("/v1/chat/completions", dependencies=[inference], responses=_GENERATION)
     async def chat(body: ChatBody) -> Response:
         data = body.model_dump(exclude_unset=True)
         if not any(m.content for m in body.messages):
             raise ApiError(400, "messages must carry some content", param="messages")
         return await _serve(app, service, "chat", data, body.stream)
 
-    @app.get("/v1/models", dependencies=[inference])
+    @app.get("/v1/models", dependencies=[inference], responses=_errors(401, 403))
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": app.state.models}
 
-    @app.get("/health")
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> JSONResponse:
         up = sum(1 for i in service.instances.values() if i.healthy)
         status = 200 if up else 503
         body = {"status": "ok" if up else "no healthy instance", "instances_up": up}
         return JSONResponse(body, status_code=status)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"description": "Prometheus text format", "content": {
+            CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}},
+    )  # fmt: skip
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/admin/state", dependencies=[admin])
+    @app.get("/admin/state", dependencies=[admin], responses=_errors(401, 403))
     async def state() -> dict[str, Any]:
         return admin_state(service)
 

@@ -39,7 +39,9 @@ def load_length_model(
     from steersman.learners.hf import RobertaLengthModel  # torch loads only when needed
 
     try:
-        model = RobertaLengthModel.load(directory, device=settings.device)
+        model = RobertaLengthModel.load(
+            directory, device=settings.device, quantize=settings.quantize
+        )
     except Exception as exc:
         log.error("length model %s cannot be loaded (%s): using the fast predictor", directory, exc)
         return None, None, None
@@ -102,7 +104,9 @@ class ServedModel:
         from steersman.learners.hf import RobertaLengthModel
 
         try:
-            model = RobertaLengthModel.load(directory, device=self.settings.device)
+            model = RobertaLengthModel.load(
+                directory, device=self.settings.device, quantize=self.settings.quantize
+            )
         except Exception as exc:
             self.event("model", f"refused {directory}: {exc}", {"path": str(directory)})
             return False
