@@ -64,6 +64,9 @@ def measure(policy: str, n: int, in_flight: int, decisions: int, rng: random.Ran
     for j in range(n * in_flight):  # fill every instance to its cap
         core.add(arrival(f"r{j}", rng), now=0.0)
     core.schedule([i.state() for i in instances], now=0.0)
+    # What the projection held goes out once it has waited max_hold_s: every instance full.
+    core.schedule([i.state() for i in instances], now=0.5)
+    assert core.depth == 0
     for inst in instances:
         for rid in core.running(inst.name):
             core.progress(rid, rng.randint(0, 50))

@@ -102,9 +102,10 @@ def predictions(engine, since) -> None:
     _chart(charts.error_histogram(done))
     st.subheader("Band coverage per request class")
     st.caption(
-        "Each prediction comes with a band (by default its 20th to 80th percentile, calibrated "
-        "online): the share of actual lengths inside it should hold at the band's coverage. A "
-        "miss is an actual length more than 30% outside the band the request was scheduled with."
+        "Each prediction comes with a band (by default the 10th to 90th percentile of recent "
+        "errors, calibrated online per class): the share of actual lengths inside it should "
+        "hold at the band's coverage. A miss is an actual length more than 30% outside the band "
+        "the request was scheduled with."
     )
     coverage = data.band_coverage(done)
     if len(coverage):

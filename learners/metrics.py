@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from river import metrics, stats, utils
 from scipy.stats import kendalltau
@@ -72,3 +74,81 @@ def score(pairs: list[tuple[float, float]]) -> dict[str, float | None]:
         "within_30": statistics.fmean(within(p, a) for p, a in pairs),
         "kendall_tau": None if math.isnan(tau) else float(tau),
     }
+
+
+class RankWindow:
+    """How well a model has ordered its last ``window`` outcomes: River's rolling Pearson
+    correlation of log predicted and log actual lengths (0 for a model that says the same for
+    every request); None until the window is full.
+
+    Feed it in the order the predictions were made (``InOrder``): requests that finish together
+    are a biased sample when the predictions decide who waits (a long prediction waits longer,
+    and finishes beside short requests predicted long ago), which can read as no correlation
+    where the model ranks well.
+
+    >>> r = RankWindow(window=20)
+    >>> for k in range(20):
+    ...     r.update(128.0, 10 + 7 * k)
+    >>> r.get()
+    0
+    >>> for k in range(20):
+    ...     r.update(10 + 7 * k, 12 + 6 * k)
+    >>> r.get() > 0.99
+    True
+    """
+
+    def __init__(self, window: int = 100) -> None:
+        self.window = window
+        self._corr = utils.Rolling(stats.PearsonCorr, window_size=window)
+
+    def update(self, predicted: float, actual: float) -> None:
+        if math.isfinite(predicted) and math.isfinite(actual):
+            self._corr.update(math.log1p(max(predicted, 0.0)), math.log1p(max(actual, 0.0)))
+
+    @property
+    def count(self) -> int:
+        """Outcomes in the window so far."""
+        return len(self._corr.window)
+
+    def get(self) -> float | None:
+        if self.count < self.window:
+            return None
+        try:
+            return self._corr.get()
+        except (ValueError, ZeroDivisionError):  # a rolled-back variance a hair below zero
+            return 0.0
+
+
+class InOrder:
+    """Outcomes that come back in any order, handed on in the order of their sequence numbers.
+    An outcome still missing once ``patience`` later ones wait is given up on (a request that
+    runs very long must not hold the others back).
+
+    >>> got = []
+    >>> order = InOrder(got.append, patience=3)
+    >>> for seq, item in [(1, "b"), (0, "a"), (3, "d"), (4, "e"), (5, "f"), (6, "g")]:
+    ...     order.put(seq, item)
+    >>> got  # 2 never came: given up on once 3, 4 and 5 waited
+    ['a', 'b', 'd', 'e', 'f', 'g']
+    """
+
+    def __init__(self, emit: Callable[[Any], None], patience: int = 200) -> None:
+        self.emit = emit
+        self.patience = patience
+        self.next = 0
+        self.pending: dict[int, Any] = {}
+
+    def put(self, seq: int, item: Any) -> None:
+        """``item`` None: the sequence number is done with nothing to hand on."""
+        if seq < self.next:
+            return
+        self.pending[seq] = item
+        while self.pending:
+            if self.next not in self.pending:
+                if len(self.pending) < self.patience:
+                    return
+                self.next = min(self.pending)
+            item = self.pending.pop(self.next)
+            self.next += 1
+            if item is not None:
+                self.emit(item)

@@ -79,13 +79,16 @@ class VllmHttpBackend:
                 if response.status_code >= 400:
                     raw = await response.aread()
                     _raise_for_status(self.name, response.status_code, raw, result)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
+                async for line in _sse_lines(response):
+                    # Read to the end after [DONE] (vLLM ends the body there): a response read
+                    # to its end leaves its connection in the pool for the next request.
+                    if done or not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         done = True
-                        break
+                        result.finished_at = self._clock()
+                        continue
                     now = self._clock()
                     try:
                         data = json.loads(payload)
@@ -103,6 +106,8 @@ class VllmHttpBackend:
             result.error = f"{self.name}: cannot connect: {type(exc).__name__}"
             raise InstanceUnavailable(result.error, result) from None
         except (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            if done:
+                return  # the answer was complete; only the connection's end was not
             message = f"{self.name}: {type(exc).__name__} after {len(result.token_times)} chunks"
             if not result.token_times:
                 result.error = message
@@ -110,7 +115,6 @@ class VllmHttpBackend:
             raise self._broken(result, self._clock(), message) from None
         if not done:
             raise self._broken(result, self._clock(), "stream ended without [DONE]")
-        result.finished_at = self._clock()
 
     def _broken(self, result: GenerationResult, now: float, why: str) -> StreamBroken:
         result.error = f"{self.name}: {why}"
@@ -151,3 +155,25 @@ def _raise_for_status(name: str, status: int, raw: bytes, result: GenerationResu
     if status >= 500 or status == 429:
         raise InstanceUnavailable(result.error, result)
     raise UpstreamRejected(result.error, status, body)
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    r"""The stream's lines as server-sent events end them (LF, CRLF), unlike ``aiter_lines``,
+    which also splits on U+2028, U+0085 and other characters a model may generate and a JSON
+    chunk carries unescaped.
+
+    >>> import asyncio
+    >>> body = 'data: {"text": "a\u2028b"}\r\n\ndata: [DONE]\n'.encode()
+    >>> async def lines():
+    ...     return [x async for x in _sse_lines(httpx.Response(200, content=body))]
+    >>> asyncio.run(lines())
+    ['data: {"text": "a\u2028b"}', '', 'data: [DONE]']
+    """
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8", errors="replace")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")

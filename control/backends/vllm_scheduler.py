@@ -3,12 +3,12 @@
 Start the server with ``--scheduling-policy priority --scheduler-cls
 steersman.control.backends.vllm_scheduler.SteersmanScheduler``. Each request that carries
 ``vllm_xargs.steersman_predicted_tokens`` gets, before every engine step, the priority
-``10 * log2(1 + predicted remaining) - 10 * waited / aging`` (the waiting queue: shortest
-predicted remaining first, with aging so that long requests do not starve), and while running
-``10 * log2(1 + predicted remaining)``, so that when KV blocks run out vLLM's own victim choice
-(the running request with the largest priority) preempts the one with the longest predicted
-remaining length rather than the newest. Requests without a prediction keep the priority they
-were sent with.
+``10 * log2(1 + predicted remaining) - 10 * age / aging``, waiting and running alike: the waiting
+queue goes shortest predicted remaining first, with aging so that long requests do not starve,
+and when KV blocks run out vLLM's own victim choice (the running request with the largest
+priority) preempts the one that order puts last, the longest predicted remaining length among
+the youngest, rather than the newest. One order for both, so that a victim is never the next to
+be readmitted. Requests without a prediction keep the priority they were sent with.
 
 vLLM runs the asynchronous scheduler by default (the CPU platform turns it off): this class
 extends whichever one the engine would have chosen, so asynchronous scheduling is kept.
@@ -76,29 +76,29 @@ class _Steered:
     policy: SchedulingPolicy
 
     def add_request(self, request: Any) -> None:
-        self._steer(request, time.time(), waiting=True)  # before it enters the heap
+        self._steer(request, time.time())  # before it enters the heap
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.policy == SchedulingPolicy.PRIORITY:
             now = time.time()
             for request in self.running:
-                self._steer(request, now, waiting=False)
+                self._steer(request, now)
             heap = getattr(self.waiting, "_heap", None)
             if heap:
                 for request in heap:
-                    self._steer(request, now, waiting=True)
+                    self._steer(request, now)
                 heapq.heapify(heap)
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     @staticmethod
-    def _steer(request: Any, now: float, *, waiting: bool) -> None:
+    def _steer(request: Any, now: float) -> None:
         found = _prediction(request)
         if found is None:
             return
         predicted, aging = found
-        waited = max(now - request.arrival_time, 0.0) if waiting else 0.0
-        request.priority = steered_priority(predicted, request.num_output_tokens, waited, aging)
+        age = max(now - request.arrival_time, 0.0)
+        request.priority = steered_priority(predicted, request.num_output_tokens, age, aging)
 
 
 class _SteeredSync(_Steered, Scheduler):

@@ -85,8 +85,14 @@ class KvRoom:
     request over the predicted horizon, and where only the measured usage says so."""
 
     def __init__(
-        self, instances: Sequence[Any], flying: InFlight, dispatch: DispatchSettings
+        self,
+        instances: Sequence[Any],
+        flying: InFlight,
+        dispatch: DispatchSettings,
+        *,
+        measured: bool = True,
     ) -> None:
+        """``measured`` False: the projection alone admits (steersman's queue is backlogged)."""
         self.flying = flying
         self.names = [i.name for i in instances]
         self.order = np.array([flying.instance(n) for n in self.names], dtype=np.intp)
@@ -98,7 +104,7 @@ class KvRoom:
         usage = np.array([i.kv_usage or 0.0 for i in instances])
         idle = np.array([i.waiting == 0 for i in instances]) & np.isfinite(self.capacity)
         spare = (dispatch.override_fill - usage) * self.capacity
-        self.spare = np.where(idle, spare, -np.inf)
+        self.spare = np.where(idle & measured, spare, -np.inf)
 
     def decide(
         self, prompt: int, scheduled: float, left: np.ndarray, cached: Sequence[int]

@@ -41,6 +41,8 @@ class Outcome:
     actual: int
     max_tokens: int | None = None
     band: tuple[float, float] | None = None
+    rank: float | None = None  # how the length model ranked its last window (None: unknown)
+    modelled: bool = False  # a length model predicted this request (not the fast path alone)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ControllerState:
     since: float = 0.0
     streak: int = 0  # consecutive misses
     shadow_hits: int = 0  # consecutive hits while in FALLBACK
+    unranked: bool = False  # FALLBACK began because the model stopped ranking
     fallback_until: float | None = None
     fallbacks: int = 0
     compensation: Mapping[str, Compensation] = field(default_factory=dict)
@@ -122,6 +125,13 @@ def observe(
     ...     s = step.state
     >>> s.mode, step.hot_update, step.events[0].reason
     ('FALLBACK', True, '5 consecutive misses over 30%')
+
+    And a length model whose predictions stop ordering requests (``rank`` below ``min_rank``)
+    is broken however well the corrector calibrates bands around it.
+
+    >>> observe(ControllerState(), Outcome("chat", 300, 250, 280, rank=0.02), 0.0, cfg).events[0]
+    ... # doctest: +ELLIPSIS
+    Event(kind='mode', reason='predictions no longer rank: correlation 0.02 below 0.15', ...)
     """
     band = outcome.band if config.miss_rule == "band" else None
     miss = is_miss(
@@ -129,10 +139,12 @@ def observe(
     )
     events: list[Event] = []
     hot = False
+    streak = state.streak + 1 if miss else 0
+    unranked = config.min_rank > 0 and outcome.rank is not None and outcome.rank < config.min_rank
     if state.mode == "NORMAL":
-        streak = state.streak + 1 if miss else 0
         state = replace(state, streak=streak)
-        if config.enabled and streak >= config.miss_streak:
+        cause = "misses" if streak >= config.miss_streak else "rank" if unranked else ""
+        if config.enabled and cause:
             state = replace(
                 state,
                 mode="FALLBACK",
@@ -140,21 +152,37 @@ def observe(
                 fallback_until=now + config.fallback_s,
                 shadow_hits=0,
                 fallbacks=state.fallbacks + 1,
+                unranked=cause == "rank",
             )
             hot = True
+            if cause == "misses":
+                reason = f"{streak} consecutive misses over {config.miss_threshold:.0%}"
+            else:
+                reason = (
+                    f"predictions no longer rank: correlation {outcome.rank:.2f} below "
+                    f"{config.min_rank:g}"
+                )
             events.append(
                 Event(
                     "mode",
-                    f"{streak} consecutive misses over {config.miss_threshold:.0%}",
+                    reason,
                     "NORMAL",
                     "FALLBACK",
-                    details={"streak": streak, "until_s": config.fallback_s},
+                    details={"streak": streak, "rank": outcome.rank, "until_s": config.fallback_s},
                 )
             )
     else:
         shadow = 0 if miss else state.shadow_hits + 1
-        state = replace(state, shadow_hits=shadow, streak=state.streak + 1 if miss else 0)
-        if shadow >= config.recover_hits:
+        state = replace(state, shadow_hits=shadow, streak=streak)
+        # Bands can be hit by a model that knows nothing: one that stopped ranking ends FALLBACK
+        # early only once it ranks again over a whole window of outcomes since FALLBACK began
+        # (the loop starts the window over), clearly (three times the bar, so that a window
+        # hovering at it does not flap); after misses, it must not be known not to rank.
+        if state.unranked and outcome.modelled:
+            ranks = outcome.rank is not None and outcome.rank >= 3 * config.min_rank
+        else:
+            ranks = not unranked
+        if shadow >= config.recover_hits and ranks:
             events.append(_back(state, f"shadow predictions recovered: {shadow} hits in a row"))
             state = _normal(state, now)
         else:
@@ -183,7 +211,15 @@ def _back(state: ControllerState, reason: str) -> Event:
 
 
 def _normal(state: ControllerState, now: float) -> ControllerState:
-    return replace(state, mode="NORMAL", since=now, streak=0, shadow_hits=0, fallback_until=None)
+    return replace(
+        state,
+        mode="NORMAL",
+        since=now,
+        streak=0,
+        shadow_hits=0,
+        fallback_until=None,
+        unranked=False,
+    )
 
 
 def _compensate(

@@ -52,6 +52,7 @@ class DispatchContext:
     counter: int = 0  # dispatches so far, for round-robin
     true_tokens: int | None = None  # the oracle's input; benchmarks only
     impact_weight: float = 1.0
+    load_margin: float = math.inf  # predictive: only instances this close to the lowest load
     # Per instance, sum(min(remaining, length)): the scheduler passes it vectorised over every
     # request in flight; without it, it is computed from each view's ``remaining``.
     shared: Callable[[float], Sequence[float]] | None = None
@@ -101,10 +102,13 @@ def least_load(ctx: DispatchContext) -> Decision:
     return _lowest(scores, "least-load")
 
 
+def _slots(view: InstanceView) -> int:
+    return view.cap if view.cap < 1 << 30 else 64
+
+
 def _load(view: InstanceView) -> float:
     kv = view.kv_usage if view.kv_usage is not None and math.isfinite(view.kv_usage) else 0.0
-    share = view.in_flight / view.cap if view.cap < 1 << 30 else view.in_flight / 64
-    return kv + share + view.waiting
+    return kv + view.in_flight / _slots(view) + view.waiting
 
 
 def prefix_affinity(ctx: DispatchContext) -> Decision:
@@ -120,7 +124,17 @@ def predictive(ctx: DispatchContext) -> Decision:
     delay it adds to the requests already there, its prefill charged, to it and to each of them,
     only for what the instance likely does not hold cached. The lowest score wins: affinity is
     weighed against load and decode time in one cost, so a hot prefix does not pile everything on
-    one instance."""
+    one instance. Only instances whose ``least-load`` load is within ``load_margin`` of the lowest
+    compete: the roll-forward knows decode time, not memory, and predictions are noisy, so an
+    instance whose KV cache is full or whose engine queues is never picked over one with room.
+
+    >>> a = InstanceView("a", in_flight=1, kv_usage=0.9, remaining=(5.0,))
+    >>> b = InstanceView("b", in_flight=3, kv_usage=0.2, remaining=(400.0, 400.0, 400.0))
+    >>> predictive(DispatchContext([a, b], "r", 100.0, 10, 0.0)).instance  # fewer steps shared
+    'a'
+    >>> predictive(DispatchContext([a, b], "r", 100.0, 10, 0.0, load_margin=0.1)).instance
+    'b'
+    """
     return _lowest(_costs(ctx, max(ctx.predicted_tokens, 1.0)), "predictive")
 
 
@@ -135,9 +149,14 @@ def _costs(ctx: DispatchContext, length: float) -> dict[str, float]:
     for every instance at every decision)."""
     shared = ctx.shared_tokens(length)
     weight = 1.0 + ctx.impact_weight
+    free = [v.free for v in ctx.instances]
+    loads = [_load(v) if ok else math.inf for v, ok in zip(ctx.instances, free, strict=True)]
+    bound = min(loads, default=math.inf) + ctx.load_margin
     scores = {}
-    for view, steps in zip(ctx.instances, shared, strict=True):
-        if view.free:
+    for view, steps, ok, load in zip(ctx.instances, shared, free, loads, strict=True):
+        # One request more than the least loaded always competes: where an instance has few
+        # slots, one request is a large share, and the guard must not become least-load.
+        if ok and load - 1.0 / _slots(view) <= bound:
             per_seq = view.step_per_seq_s
             # The uncached prefill delays the newcomer, and every request decoding beside it.
             prefill = max(ctx.prompt_tokens - view.cached_tokens, 1) * view.prefill_s_per_token

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -108,7 +108,7 @@ class RequestRecord:
             self.rel_error = error / max(actual, 1)
 
     def row(self, wall: Wall) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # no deep copies
         for name in self._TIMES:
             out[name] = wall(out[name])
         out["features"] = {k: v for k, v in self.features.items() if _jsonable(v)}

@@ -26,6 +26,7 @@ from steersman.control.core.running import InFlight
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.learners.corrector import BASE_KEY, Band
 from steersman.learners.latency import StepCoefficients
+from steersman.learners.metrics import InOrder, RankWindow
 from steersman.learners.remaining import RemainingLength, remaining
 
 Admission = Literal["kv", "count", "none"]
@@ -84,9 +85,10 @@ class Ticket:
     corrected: float  # the online corrector's prediction (tokens)
     scheduled: float  # after compensation: what the scheduler plans with
     key: float  # its place in the queue (lower first)
-    priority: int  # vLLM's priority
+    priority: int  # vLLM's priority: shortest predicted first, with aging
     low: float = 0.0  # the band it is scheduled with, compensated like the point
     high: float = 0.0
+    arrival_priority: int = 0  # vLLM's priority in arrival order (FCFS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,7 @@ class Assignment:
     mode: ctl.Mode
     running: int  # requests steersman had there before this one
     cached_tokens: int = 0  # of its prompt, what steersman expects the instance holds cached
+    ordered: bool = False  # vLLM orders it by its length (priority, predicted tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,7 @@ class _Entry:
     ticket: Ticket
     added_at: float
     instance: str | None = None
+    seq: int = 0  # arrival order
 
 
 class Scheduler:
@@ -178,8 +182,15 @@ class Scheduler:
         self.state = state or ctl.ControllerState(since=origin)
         self.default_tokens = default_tokens
         self.stats = SchedulerStats()
+        # How the length model orders requests (a corrector calibrates bands around anything):
+        # over the outcomes since FALLBACK began, when it did, so that requests predicted before
+        # (long ones finish late, and weigh most) cannot vouch for the model as it is now.
+        self.rank = RankWindow(controller.rank_window)
+        self._ranked = InOrder(self._rank, patience=50 * controller.rank_window)
+        self._arrivals = itertools.count()
         self._policy = POLICIES[dispatch.policy]
         self._queue: list[tuple[float, int, str]] = []
+        self._ages: list[tuple[float, int, str]] = []  # the waiting requests, oldest first
         self._seq = itertools.count()
         self._entries: dict[str, _Entry] = {}
         self._running = InFlight()
@@ -201,9 +212,10 @@ class Scheduler:
         if self.dispatch.admission != "none" and self.depth >= self.dispatch.max_queue:
             raise QueueFull(f"{self.depth} requests already waiting")
         ticket = self._ticket(arrival, now)
-        self._entries[arrival.request_id] = _Entry(arrival, ticket, now)
+        self._entries[arrival.request_id] = _Entry(arrival, ticket, now, seq=next(self._arrivals))
         self._waiting += 1
         heapq.heappush(self._queue, (ticket.key, next(self._seq), arrival.request_id))
+        heapq.heappush(self._ages, (now, next(self._seq), arrival.request_id))
         return ticket
 
     def _ticket(self, arrival: Arrival, now: float) -> Ticket:
@@ -225,10 +237,18 @@ class Scheduler:
             scheduled = min(max(scheduled, low), high)
         scheduled = min(max(scheduled, 1.0), cap)
         ordered = self.priorities and self.state.mode == "NORMAL"
-        key = priority_key(scheduled if ordered else 0.0, now, self.dispatch.aging_s)
-        priority = vllm_priority(key, self.origin, self.dispatch.aging_s) if self.priorities else 0
+        aging = self.dispatch.aging_s
+        key = priority_key(scheduled if ordered else 0.0, now, aging)
+        priority = vllm_priority(key, self.origin, aging) if self.priorities else 0
+        fcfs = vllm_priority(priority_key(0.0, now, aging), self.origin, aging)
         return Ticket(
-            corrected, scheduled, key, priority, min(low, scheduled), max(high, scheduled)
+            corrected,
+            scheduled,
+            key,
+            priority,
+            min(low, scheduled),
+            max(high, scheduled),
+            fcfs if self.priorities else 0,
         )
 
     def _predict(self, arrival: Arrival) -> Band:
@@ -248,12 +268,21 @@ class Scheduler:
         mode is the controller's as of the last ``tick`` or ``finish``: a shell ticks first."""
         if not self._queue:
             return []
+        backlogged = now - self._oldest(now) > self.dispatch.backlog_s
+        # Inside vLLM, order by length only where it pays: in a compute-bound queue below
+        # saturation it buys ~1% of the mean and costs the TTFT tail (FCFS bounds the wait).
+        ordered = self.priorities and self.state.mode == "NORMAL"
+        ordered = ordered and (self.dispatch.engine_order == "always" or backlogged)
         fallback = self.state.mode == "FALLBACK" and self.dispatch.policy in PREDICTIVE
         policy = POLICIES[self.dispatch.fallback_policy] if fallback else self._policy
         flying = self._running
         # In FALLBACK the predictions are not trusted: no projection of them holds anything back.
         projected = self.dispatch.admission == "kv" and not fallback
-        kv = KvRoom(instances, self._running, self.dispatch) if projected else None
+        kv = (
+            KvRoom(instances, self._running, self.dispatch, measured=not backlogged)
+            if projected
+            else None
+        )
         order = np.array([flying.instance(i.name) for i in instances], dtype=np.intp)
         views = [self._view(i) for i in instances]
         out: list[Assignment] = []
@@ -290,6 +319,7 @@ class Scheduler:
                     self._counter,
                     true_tokens=a.true_tokens,
                     impact_weight=self.dispatch.impact_weight,
+                    load_margin=self.dispatch.load_margin,
                     shared=lambda length, left=left: flying.shared(length, left)[order],
                 )
             )
@@ -306,8 +336,8 @@ class Scheduler:
             k = next(k for k, v in enumerate(views) if v.name == name)
             out.append(
                 Assignment(
-                    rid, name, t.priority, t.scheduled, decision.policy, self.state.mode,
-                    flying.count(name), cached[k],
+                    rid, name, t.priority if ordered else t.arrival_priority, t.scheduled,
+                    decision.policy, self.state.mode, flying.count(name), cached[k], ordered,
                 )
             )  # fmt: skip
             entry.instance = name
@@ -316,6 +346,19 @@ class Scheduler:
                 self._prefixes[name].touch(blocks[k])
             views[k] = self._view(instances[k])
         return out
+
+    def _oldest(self, now: float) -> float:
+        """When the longest-waiting request in steersman's queue arrived (``now`` if none)."""
+        ages = self._ages
+        if not self._waiting:
+            ages.clear()
+            return now
+        while ages:
+            entry = self._entries.get(ages[0][2])
+            if entry is not None and entry.instance is None:
+                return ages[0][0]
+            heapq.heappop(ages)
+        return now
 
     def _expected(self, a: Arrival, t: Ticket) -> float:
         """The length a waiting request is expected to run to: its scheduled length corrected by
@@ -373,12 +416,14 @@ class Scheduler:
         entry.instance = None
         self._waiting += 1
         heapq.heappush(self._queue, (entry.ticket.key, next(self._seq), request_id))
+        heapq.heappush(self._ages, (entry.added_at, next(self._seq), request_id))
 
     def abort(self, request_id: str) -> None:
         """The request is gone (client left, timed out, refused): nothing is learned from it."""
         entry = self._entries.pop(request_id, None)
         if entry is None:
             return
+        self._ranked.put(entry.seq, None)
         if entry.instance is not None:
             self._running.remove(request_id)
         else:
@@ -396,6 +441,9 @@ class Scheduler:
         a, t = entry.arrival, entry.ticket
         if self.corrector is not None:
             self.corrector.learn_one(a.x, outcome.actual)
+        base = a.x.get(BASE_KEY)
+        scored = _finite(base) and not outcome.cut_off
+        self._ranked.put(entry.seq, (entry.added_at, base, outcome.actual) if scored else None)
         if not outcome.cut_off:  # a cut-off length says only "at least"
             self.remaining.learn_one(
                 {"request_class": a.request_class, "scheduled": t.scheduled}, outcome.actual
@@ -404,15 +452,30 @@ class Scheduler:
             return Report()  # the truth is never a miss, and never falls back
         censored = a.max_tokens if outcome.cut_off else None
         observed = ctl.Outcome(
-            a.request_class, t.scheduled, t.corrected, outcome.actual, censored, (t.low, t.high)
+            a.request_class,
+            t.scheduled,
+            t.corrected,
+            outcome.actual,
+            censored,
+            (t.low, t.high),
+            rank=self.rank.get(),
+            modelled=_finite(base),
         )
         return self._apply(ctl.observe(self.state, observed, now, self.controller))
+
+    def _rank(self, item: tuple[float, float, int]) -> None:
+        """One outcome for the ranking check, in arrival order; in FALLBACK only the requests
+        predicted since it began (so those from before cannot vouch for the model as it is)."""
+        added_at, base, actual = item
+        if not (self.state.mode == "FALLBACK" and added_at < self.state.since):
+            self.rank.update(base, actual)
 
     def forget(self) -> None:
         """A new length model serves: what was learned against the old one (the corrector's
         residuals, the compensation of its bias) starts over."""
         if self.corrector is not None:
             self.corrector.reset()
+        self.rank = RankWindow(self.controller.rank_window)
         self.state = replace(self.state, compensation={}, ratios={}, seen={})
 
     def tick(self, now: float) -> Report:
@@ -430,6 +493,7 @@ class Scheduler:
         s.compensation_changes += sum(1 for e in step.events if e.kind == "compensation")
         if step.hot_update:
             s.fallbacks += 1
+            self.rank = RankWindow(self.controller.rank_window)
             if self.corrector is not None:
                 self.corrector.reset()
         return Report(step.events, step.miss, step.hot_update)

@@ -34,6 +34,18 @@ class ControllerSettings(_Section):
     recover_hits: int = Field(
         default=10, ge=1, description="Consecutive shadow hits that end FALLBACK early."
     )
+    min_rank: float = Field(
+        default=0.15,
+        ge=0,
+        lt=1,
+        description="FALLBACK also when the length model's predictions stop ordering requests: "
+        "the correlation of its log predictions with the log actual lengths over the recent "
+        "window (rank_window) falls below this (a constant or shuffled model, which "
+        "the online corrector would otherwise calibrate bands around). 0: off.",
+    )
+    rank_window: int = Field(
+        default=60, ge=10, description="Recent outcomes the ranking check is computed over."
+    )
     compensation_a: float = Field(default=1.2, gt=0, description="Initial a in a*length + b.")
     compensation_b: float = Field(default=10.0, ge=0, description="Initial b in a*length + b.")
     a_min: float = Field(default=0.5, gt=0, description="Lowest a.")
@@ -82,18 +94,40 @@ class DispatchSettings(_Section):
         default=0.95, gt=0, le=1, description="kv: the share of an instance's KV cache to fill."
     )
     override_fill: float = Field(
-        default=0.7,
+        default=1.0,
         ge=0,
         le=1,
-        description="kv: admit anyway (work-conserving) while the measured KV usage, with the "
-        "newcomer's prompt, stays under this share and the engine has no queue: the predictions "
-        "were too long.",
+        description="kv, work-conserving: an instance whose measured KV usage, with the "
+        "newcomer's prompt, stays under this share and whose engine has no queue takes the "
+        "request whatever the projection says (vLLM would start it at once, and preempting now "
+        "and then costs less than holding), unless steersman's queue is backlogged.",
+    )
+    backlog_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="kv: once the oldest request in steersman's queue has waited this long, the "
+        "engines are saturated: only the projection admits, so that requests are not let in to "
+        "outgrow the cache and be preempted (a burst), and the queue serves shortest first.",
     )
     max_hold_s: float = Field(
         default=0.25,
         ge=0,
         description="kv: a request that has waited this long goes out without the projection "
         "(within max_in_flight): predictions never hold one back for longer.",
+    )
+    load_margin: float = Field(
+        default=0.1,
+        ge=0,
+        description="predictive: it chooses among the instances whose least-load load (KV usage "
+        "+ share of the cap + queued requests) is within this of the lowest, so that memory and "
+        "queues come first and predicted latency and cached prefixes decide among the rest.",
+    )
+    engine_order: Literal["backlog", "always"] = Field(
+        default="backlog",
+        description="When vLLM gets length-ordered priorities (and steersman's scheduler class "
+        "the predicted lengths): backlog, only while steersman's queue is backlogged (the "
+        "engines saturated, where order pays); always, for every request (arrival order "
+        "otherwise).",
     )
     aging_s: float = Field(
         default=2.0, gt=0, description="Waiting this long outranks a prediction twice as short."

@@ -67,9 +67,12 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
             DispatchSettings(policy="least-load", **lb), "fcfs", "none", priorities=False
         ),
         "vllm-priority": Variant(
-            DispatchSettings(policy="least-load", **lb), "priority", "learned"
+            DispatchSettings(policy="least-load", engine_order="always", **lb),
+            "priority",
+            "learned",
         ),
         "steersman": Variant(DispatchSettings(policy=dispatch), engine, "learned"),
+        "steersman-builtin": Variant(DispatchSettings(policy=dispatch), "priority", "learned"),
         "oracle": Variant(
             DispatchSettings(policy="oracle"), engine, "truth", ControllerSettings(enabled=False)
         ),
@@ -81,7 +84,15 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
 
 
 # The policies compared by default; with prefixes in the workload, prefix-affinity joins them.
-STANDARD = ("round-robin", "least-load", "vllm-priority", "steersman", "oracle", "constant")
+STANDARD = (
+    "round-robin",
+    "least-load",
+    "vllm-priority",
+    "steersman",
+    "steersman-builtin",
+    "oracle",
+    "constant",
+)
 PREFIX = ("round-robin", "least-load", "prefix-affinity", "steersman", "oracle")
 
 

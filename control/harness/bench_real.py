@@ -39,6 +39,8 @@ from steersman.telemetry.vllm_metrics import parse_metrics
 VARIANTS: dict[str, dict[str, Any]] = {
     "least-load": {"dispatch": {"policy": "least-load", "admission": "none"}, "stock": True},
     "steersman": {},
+    # vLLM's built-in priority policy fed with steersman's priorities: what the class adds.
+    "steersman-builtin": {"predictions": False},
     "oracle": {"dispatch": {"policy": "oracle"}, "controller": {"enabled": False}},
 }
 BASELINES: dict[str, dict[str, Any]] = {
@@ -108,9 +110,12 @@ def run_real(
         for repeat in range(repeats):
             for policy in policies:
                 chosen = {**VARIANTS, **BASELINES}[policy]
-                variant = {k: v for k, v in chosen.items() if k != "stock"}
+                variant = {k: v for k, v in chosen.items() if k not in ("stock", "predictions")}
                 stock = chosen.get("stock", False)
-                run_specs = [{**s, "priority": False} if stock else s for s in specs]
+                predictions = chosen.get("predictions", True)
+                run_specs = [
+                    {**s, "priority": not stock, "predictions": predictions} for s in specs
+                ]
                 run_config = replace(config, run_dir=config.run_dir / f"{policy}-{repeat}")
                 run_config.run_dir.mkdir(parents=True, exist_ok=True)
                 settings = daemon_settings(run_config, run_specs, base, variant)

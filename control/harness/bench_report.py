@@ -67,6 +67,18 @@ def sim_section(sim: dict[str, Any]) -> list[str]:
             "Capacity at the SLO, requests/s: "
             + ", ".join(f"{k} {v}" for k, v in p["capacity_at_slo_rps"].items()),
         ]
+        capacity = p["capacity_at_slo_rps"]
+        if capacity.get("least-load"):
+            lines += [
+                "",
+                "Capacity to least-load's: "
+                + ", ".join(
+                    f"{k} {_ratio(v, capacity['least-load'])}"
+                    for k, v in capacity.items()
+                    if k != "least-load"
+                )
+                + ".",
+            ]
         for s in p["scenarios"]:
             lines += ["", f"#### {s['scenario']}: {s['detail']}", "", table(s["runs"])]
             lines += ["", ratios(s["runs"])]
@@ -90,7 +102,7 @@ def ratios(runs: list[dict[str, Any]]) -> str:
     if base is None:
         return ""
     parts = []
-    for name in ("steersman", "oracle", "constant", "vllm-priority"):
+    for name in ("steersman", "steersman-builtin", "oracle", "constant", "vllm-priority"):
         if name not in by:
             continue
         got = [f"{m} {_ratio(by[name].get(m), base.get(m))}" for m in RATIOS]
@@ -150,7 +162,7 @@ def real_section(real: dict[str, Any]) -> list[str]:
 
 def _ratio(a: Any, b: Any) -> str:
     return (
-        f"{a / b:.2f}x" if isinstance(a, int | float) and isinstance(b, int | float) and b else "-"
+        f"{a / b:.3g}x" if isinstance(a, int | float) and isinstance(b, int | float) and b else "-"
     )
 
 

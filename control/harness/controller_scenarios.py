@@ -30,14 +30,18 @@ BREAKS = ("constant", "shuffled", "other-model")
 @dataclass
 class Timeline:
     """Per finished request, in order: its mode when it finished, miss, and whether its actual
-    length fell in its band; and, for every FALLBACK entry, the arrival index of the request
-    whose miss started it."""
+    length fell in its band; for every FALLBACK entry, the arrival index of the request whose
+    outcome started it, and whether the FALLBACK before it ran its full ``fallback_s`` (a break
+    that outlasts one period is entered again: the rule working, not flapping)."""
 
     modes: list[str] = field(default_factory=list)
     misses: list[bool] = field(default_factory=list)
     inside: list[bool] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
+    renewed: list[bool] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    expired: bool = False  # how the last FALLBACK ended
 
 
 class _Watched(Scheduler):
@@ -54,6 +58,12 @@ class _Watched(Scheduler):
             self.forget()
         return super().add(arrival, now)
 
+    def tick(self, now: float) -> Report:
+        report = super().tick(now)
+        if any(e.kind == "mode" and e.to_mode == "NORMAL" for e in report.events):
+            self.timeline.expired = True
+        return report
+
     def finish(self, request_id: str, outcome: Outcome, now: float) -> Report:
         ticket = self.scheduled(request_id)
         entry = self._entries.get(request_id)
@@ -64,8 +74,13 @@ class _Watched(Scheduler):
             t.misses.append(bool(report.miss))
             t.inside.append(ticket.low <= outcome.actual <= ticket.high)
             t.classes.append(entry.arrival.request_class)
-            if any(e.kind == "mode" and e.to_mode == "FALLBACK" for e in report.events):
-                t.entries.append(int(request_id[1:]))  # the request's place in arrival order
+            for e in report.events:
+                if e.kind == "mode" and e.to_mode == "FALLBACK":
+                    t.entries.append(int(request_id[1:]))  # its place in arrival order
+                    t.renewed.append(t.expired)
+                    t.reasons.append(e.reason)
+                elif e.kind == "mode":
+                    t.expired = e.reason.startswith("fallback ended")
         return report
 
 
@@ -136,6 +151,7 @@ def summarize(
         "requests": len(t.modes),
         "fallback_share": round(sum(fallback) / max(len(fallback), 1), 4),
         "fallback_entries": t.entries,
+        "fallback_reasons": t.reasons,
         "coverage_target": coverage,
         "coverage_overall": round(sum(t.inside) / max(len(t.inside), 1), 4),
         "band_resets": getattr(core.corrector, "band_resets", 0),
@@ -144,7 +160,9 @@ def summarize(
         after = [i for i in t.entries if i >= break_at]
         out["detected_after"] = after[0] - break_at if after else None
         end = mend_at if mend_at is not None else len(t.modes)
-        out["entries_in_break"] = sum(1 for i in t.entries if break_at <= i < end + 300)
+        fresh = [i for i, renewed in zip(t.entries, t.renewed, strict=True) if not renewed]
+        out["entries_in_break"] = sum(1 for i in fresh if break_at <= i < end)
+        out["entries_after_mend"] = sum(1 for i in fresh if end <= i < end + 300)
         normal = next(
             (i for i in range(after[0], len(t.modes)) if t.modes[i] == "NORMAL" and i >= end)
             if after

@@ -76,7 +76,12 @@ class Daemon:
             counter = TokenCounter(s.predictor.tokenizer_dir)
             count, tokenize = counter.count, counter.ids
         model, version, directory = load_length_model(s.predictor, self.engine)
-        corrector = LengthCorrector(lr=s.predictor.corrector_lr, max_tokens=s.predictor.max_tokens)
+        corrector = LengthCorrector(
+            lr=s.predictor.corrector_lr,
+            max_tokens=s.predictor.max_tokens,
+            coverage=s.predictor.band_coverage,
+            band_window=s.predictor.band_window,
+        )
         predictor = Predictor(
             deadline_s=s.predictor.deadline_ms / 1000, count_tokens=count, model_version=version
         )
@@ -91,6 +96,7 @@ class Daemon:
             metrics=self.metrics,
             queue_timeout_s=d.queue_timeout_s,
             retries=s.gateway.retries,
+            health_failures=s.gateway.health_failures,
             store_prompts=s.storage.store_prompts,
             max_tokens_is_length=s.predictor.max_tokens_is_length,
             telemetry=self.sampler.features if self.sampler else dict,
@@ -123,6 +129,7 @@ class Daemon:
             current=lambda: (self.model.directory, self.service.predictor.model_version),
             budget_s=s.jobs.retrain_budget_s,
             max_rows=s.jobs.retrain_rows,
+            min_gain=s.jobs.retrain_min_gain,
             device=s.predictor.device,
         )
         scheduled = s.jobs.retrain_interval_s or s.jobs.retrain_cron

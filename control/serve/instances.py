@@ -28,7 +28,9 @@ class Instance:
     latency: LatencyModel
     cap: int = 32
     send_priority: bool = True
+    send_predictions: bool = True  # for steersman's vLLM scheduler class
     healthy: bool = True
+    failed_probes: int = 0  # /health probes failed in a row
     kv_usage: float | None = None
     waiting: int = 0
     kv_capacity: int | None = None  # KV cache tokens, from the profile or vLLM's /metrics
@@ -78,6 +80,7 @@ def make_instance(
         LatencyModel(profile.coefficients()),
         cap=spec.max_in_flight,
         send_priority=spec.priority,
+        send_predictions=spec.priority and spec.predictions,
         kv_capacity=capacity,
         block=block,
     )

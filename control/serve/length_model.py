@@ -40,7 +40,10 @@ def load_length_model(
 
     try:
         model = RobertaLengthModel.load(
-            directory, device=settings.device, quantize=settings.quantize
+            directory,
+            device=settings.device,
+            quantize=settings.quantize,
+            threads=settings.threads,
         )
     except Exception as exc:
         log.error("length model %s cannot be loaded (%s): using the fast predictor", directory, exc)
@@ -105,7 +108,10 @@ class ServedModel:
 
         try:
             model = RobertaLengthModel.load(
-                directory, device=self.settings.device, quantize=self.settings.quantize
+                directory,
+                device=self.settings.device,
+                quantize=self.settings.quantize,
+                threads=self.settings.threads,
             )
         except Exception as exc:
             self.event("model", f"refused {directory}: {exc}", {"path": str(directory)})

@@ -42,6 +42,12 @@ class InstanceSettings(_Section):
         "--scheduling-policy priority, ideally with steersman's --scheduler-cls); false: the "
         "server is treated as stock vLLM.",
     )
+    predictions: bool = Field(
+        default=True,
+        description="With priority: also send steersman_predicted_tokens, which steersman's "
+        "--scheduler-cls reads (false: vLLM's built-in priority policy orders by the priority "
+        "alone).",
+    )
 
     @field_validator("sim", "profile")
     @classmethod
@@ -84,6 +90,12 @@ class GatewaySettings(_Section):
         default=1, ge=0, le=5, description="Retries elsewhere of a request that never started."
     )
     health_interval_s: float = Field(default=2.0, gt=0, description="Instance /health period.")
+    health_failures: int = Field(
+        default=3,
+        ge=1,
+        description="Failed /health probes in a row that mark an instance down (a busy server "
+        "can be slow to answer one; a request that cannot reach it marks it down at once).",
+    )
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish."
     )
@@ -111,12 +123,29 @@ class PredictorSettings(_Section):
         "faster, the same predictions to within a few tokens), so fewer requests miss the "
         "deadline and take the fast path.",
     )
+    threads: int | None = Field(
+        default=1,
+        ge=1,
+        description="torch intra-op threads for RoBERTa on CPU (the whole daemon process). One "
+        "keeps inference in milliseconds beside busy neighbours such as vLLM servers on the "
+        "same cores; empty: torch's default (all cores).",
+    )
     max_tokens_is_length: bool = Field(
         default=False,
         description="Benchmarks and the demo: clients set max_tokens to the true response "
         "length (with ignore_eos), so it is neither used as a hint nor treated as a cut-off.",
     )
     corrector_lr: float = Field(default=0.02, gt=0, description="Corrector learning rate.")
+    band_coverage: float = Field(
+        default=0.8,
+        gt=0,
+        lt=1,
+        description="Share of actual lengths each request class's band aims to hold (0.8: the "
+        "10th to 90th percentile of recent errors); misses are judged against it.",
+    )
+    band_window: int = Field(
+        default=500, ge=20, description="Recent outcomes per class the band is calibrated on."
+    )
     max_tokens: int = Field(
         default=32768, ge=1, description="Upper clamp of predictions without max_tokens."
     )
@@ -145,6 +174,13 @@ class JobsSettings(_Section):
     )
     retrain_budget_s: float = Field(default=600.0, gt=0, description="Time budget of a retrain.")
     retrain_rows: int = Field(default=20_000, ge=100, description="Most recent rows to train on.")
+    retrain_min_gain: float = Field(
+        default=0.02,
+        ge=0,
+        lt=1,
+        description="A candidate replaces the served model only if its validation MAE (log) is "
+        "at least this share lower: a swap on noise resets the corrector for nothing.",
+    )
     telemetry_retention_days: float = Field(
         default=14.0, gt=0, description="Telemetry older than this is deleted."
     )

@@ -70,6 +70,7 @@ class Steersman:
         metrics: Metrics,
         queue_timeout_s: float = 120.0,
         retries: int = 1,
+        health_failures: int = 1,
         store_prompts: bool = True,
         max_tokens_is_length: bool = False,
         telemetry: Callable[[], Mapping[str, Any]] = dict,
@@ -85,6 +86,7 @@ class Steersman:
         self.instances = {i.name: i for i in instances}
         self.predictor = predictor
         self.scheduler = scheduler
+        self.health_failures = health_failures
         self.record = record
         self.metrics = metrics
         self.queue_timeout_s = queue_timeout_s
@@ -230,7 +232,6 @@ class Steersman:
         job.record.corrected_prediction = ticket.corrected
         job.record.scheduled_prediction = ticket.scheduled
         job.record.band_low, job.record.band_high = ticket.low, ticket.high
-        job.record.priority = ticket.priority
         while True:
             if not any(i.healthy for i in self.instances.values()):
                 self.scheduler.abort(job.request_id)
@@ -246,6 +247,7 @@ class Steersman:
                 self._close(job, error=str(exc))
                 raise
             job.assignment = a
+            job.record.priority = a.priority
             job.record.expected_cached_tokens = a.cached_tokens
             instance = self.instances[a.instance]
             result = GenerationResult(job.request_id, instance.name, self.clock())
@@ -284,7 +286,7 @@ class Steersman:
         (for its vLLM scheduler class), unless the instance is configured as stock vLLM."""
         xargs = job.body.get("vllm_xargs")
         extra = dict(xargs) if isinstance(xargs, dict) else {}
-        if instance.send_priority:
+        if instance.send_predictions and a.ordered:
             extra["steersman_predicted_tokens"] = round(a.scheduled)
             extra["steersman_aging_s"] = self.scheduler.dispatch.aging_s
         return GenerationRequest(
@@ -424,7 +426,13 @@ class Steersman:
     async def check_health(self) -> None:
         async def one(instance: Instance) -> None:
             ok = await instance.backend.health()
-            self.mark(instance, ok, "/health answered" if ok else "/health failed")
+            instance.failed_probes = 0 if ok else instance.failed_probes + 1
+            if ok:
+                self.mark(instance, True, "/health answered")
+            elif instance.failed_probes >= self.health_failures:
+                self.mark(
+                    instance, False, f"/health failed {instance.failed_probes} times in a row"
+                )
 
         await asyncio.gather(*(one(i) for i in self.instances.values()))
 

@@ -89,6 +89,6 @@ class CoreDriver:
             req = self._requests[a.request_id]
             self.dispatched[a.request_id] = now
             req.priority = a.priority
-            req.predicted = a.scheduled
+            req.predicted = a.scheduled if a.ordered else None
             out.append((int(a.instance), req))
         return out

@@ -98,7 +98,8 @@ class SimEngine:
     """One simulated instance. ``policy`` is "fcfs", "priority" (lower value first, and the
     victim is the largest (priority, arrival), as vLLM's priority policy does) or "steersman"
     (steersman's vLLM scheduler class: the waiting queue by predicted remaining length with
-    aging, the victim the running request with the longest predicted remaining length)."""
+    aging, the victim the running request that order puts last: the longest predicted remaining
+    length among the youngest)."""
 
     def __init__(
         self,
@@ -129,6 +130,10 @@ class SimEngine:
             )
         request.order = next(self._order)
         heapq.heappush(self._waiting, (self._key(request), request))
+
+    def _steered(self, r: SimRequest) -> float:
+        """A running request's place in the class's order; without a prediction, its own."""
+        return self._key(r)[0] if r.predicted is not None else r.priority
 
     def _key(self, r: SimRequest) -> tuple[float, int]:
         if self.policy == "steersman" and r.predicted is not None:
@@ -234,8 +239,8 @@ class SimEngine:
         return need <= self.free_blocks - self._held(hit)
 
     def _victim(self) -> SimRequest:
-        if self.policy == "steersman":
-            return max(self.running, key=lambda r: (_steered(r), r.order))
+        if self.policy == "steersman":  # the last in the waiting order, as the class does
+            return max(self.running, key=lambda r: (self._steered(r), r.order))
         if self.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.order))
         return self.running[-1]
@@ -398,13 +403,6 @@ def _remaining(r: SimRequest) -> float:
     """steersman's predicted remaining length (the rule of ``core.running``)."""
     p = r.predicted or 0.0
     return max(p - r.generated, 0.1 * p, 1.0)
-
-
-def _steered(r: SimRequest) -> int:
-    """A running request's priority under steersman's class; without a prediction, its own."""
-    if r.predicted is None:
-        return r.priority
-    return round(10 * math.log2(1.0 + _remaining(r)))
 
 
 def _largest(ok: Callable[[int], bool], upper: int) -> int:

@@ -1,5 +1,6 @@
 """Retraining from the SQL history: train a candidate, validate it against the served model on
-the same held-out rows, promote only if better, and hot-swap it in without dropping a request."""
+the same held-out rows, promote only if clearly better, and hot-swap it in without dropping a
+request."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class Retrainer:
         current: Callable[[], tuple[Path | None, str | None]],
         budget_s: float = 600.0,
         max_rows: int = 20_000,
+        min_gain: float = 0.02,
         val_fraction: float = 0.2,
         epochs: int = 3,
         seed: int = 0,
@@ -79,6 +81,7 @@ class Retrainer:
         self.current = current
         self.budget_s = budget_s
         self.max_rows = max_rows
+        self.min_gain = min_gain  # the share by which a candidate must beat the served model
         self.val_fraction = val_fraction
         self.epochs = epochs
         self.seed = seed
@@ -132,9 +135,12 @@ class Retrainer:
         register(self.engine, trained, notes="retrained from the SQL history", promote=False)
         keep = ("val_mae_log", "current_val_mae_log", "current_version", "stopped", "train_seconds")
         metrics = {k: trained.metrics[k] for k in keep}
-        if current_mae is not None and candidate_mae >= current_mae:
+        if current_mae is not None and candidate_mae > (1 - self.min_gain) * current_mae:
             set_status(self.engine, trained.version, "rejected")
-            reason = f"val MAE(log) {candidate_mae:.4f} not below current {current_mae:.4f}"
+            reason = (
+                f"val MAE(log) {candidate_mae:.4f} not {self.min_gain:.0%} below current "
+                f"{current_mae:.4f}"
+            )
             return RetrainOutcome("rejected", reason, trained.version, metrics)
         # Load what was saved: a directory that does not load is never swapped in.
         fresh = RobertaLengthModel.load(trained.directory, device=self.device)

@@ -31,8 +31,9 @@ def populated_url(tmp_path_factory, tiny_model) -> str:
         tmp,
         [{"name": "sim-a", "sim": "cpu-tiny"}, {"name": "sim-b", "sim": "cpu-tiny"}],
         storage={"url": url},
-        # A twitchy controller, so the replay leaves fallbacks and compensation changes.
-        controller={"miss_streak": 2, "adjust_every": 5, "fallback_s": 5},
+        # A twitchy controller on the point rule (which heavy-tailed lengths mostly miss), so
+        # the replay leaves fallbacks and compensation changes.
+        controller={"miss_rule": "point", "miss_streak": 2, "adjust_every": 5, "fallback_s": 5},
         predictor={"max_tokens_is_length": True, "tokenizer_dir": str(tiny_model)},
     )
     rng = random.Random(3)

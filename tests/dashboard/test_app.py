@@ -38,7 +38,8 @@ def test_every_page_renders_the_populated_history(monkeypatch, populated_url, na
         assert metric(at, "Model") == "roberta-test-1"
         assert at.dataframe[0].value.index.tolist() == ["P50", "P95", "P99"]
     elif name == "Predictions":
-        assert len(at.get("vega_lite_chart")) == 2
+        assert len(at.get("vega_lite_chart")) == 3  # predicted vs actual, errors, coverage
+        assert "Band coverage per request class" in [h.value for h in at.subheader]
         classes = at.dataframe[0].value
         assert classes["requests"].sum() == REPLAYED
     elif name == "Controller":

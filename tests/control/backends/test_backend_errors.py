@@ -58,6 +58,10 @@ class _Misbehaving(BaseHTTPRequestHandler):
             self.wfile.write(b'data: {"error": {"message": "engine died"}}\n\n')
         elif mode == "stall":
             self.release.wait(10)
+        elif mode == "odd-text":  # what a model may generate, unescaped in JSON
+            text = {"choices": [{"index": 0, "text": "a\u2028b\x85c\x1cd"}]}
+            self.wfile.write(f"data: {json.dumps(text, ensure_ascii=False)}\r\n\r\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
         elif mode == "ok":
             self.wfile.write(b"data: [DONE]\n\n")
         # "truncated": just close the connection without [DONE]
@@ -119,6 +123,11 @@ def test_a_clean_stream_and_what_is_sent_upstream(server):
     assert sent["stream"] is True and sent["priority"] == 4
     assert sent["vllm_xargs"] == {"predicted": 9}
     assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+def test_line_separators_inside_generated_text_do_not_break_the_stream(server):
+    result, error = _run(server, "odd-text")
+    assert error is None and result.ok and result.completion_tokens == 3
 
 
 @pytest.mark.parametrize(

@@ -55,10 +55,27 @@ def test_the_engine_measuring_room_and_no_queue_admits_anyway():
     send(s, "big", 400, 500)
     placed(s, state())
     send(s, "new", 100, 460)
-    assert placed(s, state(usage=0.9, waiting=0)) == []  # measured full: the projection stands
+    assert placed(s, state(usage=0.95, waiting=0)) == []  # no room for its prompt: it stands
     assert placed(s, state(usage=0.2, waiting=3)) == []  # the engine has a queue: it stands
     assert placed(s, state(usage=0.2, waiting=0)) == ["new"]  # room the projection did not see
     assert s.stats.kv_overrides == 1
+
+
+@pytest.mark.parametrize(
+    ("waited", "admitted"),
+    [
+        pytest.param(0.4, True, id="a queue that moves: measured room admits"),
+        pytest.param(0.6, False, id="backlogged: the projection alone admits"),
+    ],
+)
+def test_a_backlogged_queue_turns_the_measured_room_off(waited, admitted):
+    s = core(backlog_s=0.5, max_hold_s=10.0)
+    send(s, "big", 400, 500)
+    placed(s, state())
+    send(s, "new", 100, 460, now=0.0)
+    assert placed(s, state(usage=0.95, waiting=0), now=waited) == []  # no room measured either
+    assert (placed(s, state(usage=0.2, waiting=0), now=waited) == ["new"]) is admitted
+    assert s.stats.kv_overrides == int(admitted)
 
 
 def test_it_picks_the_instance_with_room_and_the_count_cap_still_bounds():
@@ -103,3 +120,15 @@ def test_waiting_requests_go_shortest_predicted_first():
         send(s, rid, 10, tokens)
     s.finish("big", Outcome(500), now=1.0)
     assert placed(s, state(), now=1.0) == ["short", "mid", "long"]
+
+
+@pytest.mark.parametrize(("waited", "ordered"), [(0.4, False), (0.6, True)])
+def test_vllm_is_ordered_by_length_only_while_the_queue_is_backlogged(waited, ordered):
+    s = core(backlog_s=0.5, max_hold_s=10.0)
+    send(s, "big", 400, 500)
+    placed(s, state())
+    send(s, "new", 100, 50, now=0.0)  # fits: the projection admits it either way
+    ticket = s.scheduled("new")
+    (a,) = s.schedule([state()], now=waited)
+    assert a.ordered is ordered
+    assert a.priority == (ticket.priority if ordered else ticket.arrival_priority)

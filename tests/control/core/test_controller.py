@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from steersman.control.core.controller import (
@@ -157,3 +159,48 @@ def test_censored_outcomes_do_not_move_compensation():
         state = observe(state, Outcome("chat", 900, 800, 64, max_tokens=64), float(t), config).state
     assert state.compensation == {}
     assert state.streak == 0  # and they are not misses either
+
+
+def feed(outcomes, config=CFG):
+    """Feed (time, outcome) pairs; return the modes after each and the mode events' reasons."""
+    state, modes, reasons = ControllerState(), [], []
+    for t, outcome in outcomes:
+        step = observe(state, outcome, t, config)
+        state = step.state
+        modes.append(state.mode)
+        reasons.extend(e.reason for e in step.events if e.kind == "mode")
+    return modes, reasons
+
+
+def at(outcome: Outcome, rank: float | None = None, n: int = 0) -> Outcome:
+    return replace(outcome, rank=rank, modelled=n > 0)
+
+
+def test_a_model_that_stops_ranking_falls_back_and_stays_until_it_ranks_again():
+    config = ControllerSettings(adjust_every=1000, recover_hits=5, rank_window=10)
+    enter = [(0.0, at(HIT, 0.5, 10)), (1.0, at(HIT, 0.1, 10))]
+    # Hits in shadow (a band fits anything), but the window that started over is not full...
+    refill = [(2.0 + t, at(HIT, None, t + 1)) for t in range(9)]
+    # ... then full, ranking poorly; then clearly (three times the bar) again.
+    poor = [(11.0, at(HIT, 0.2, 10))]
+    good = [(12.0, at(HIT, 0.6, 10))]
+    modes, reasons = feed(enter + refill + poor + good, config)
+    assert modes == [N, F] + [F] * 9 + [F, N]
+    assert reasons == [
+        "predictions no longer rank: correlation 0.10 below 0.15",
+        "shadow predictions recovered: 11 hits in a row",
+    ]
+
+
+def test_without_a_length_model_shadow_hits_end_fallback_early():
+    modes, reasons = feed([(float(t), MISS) for t in range(5)] + [
+        (10.0 + t, HIT) for t in range(5)
+    ])  # fmt: skip
+    assert modes == [N] * 4 + [F] * 5 + [N]
+    assert reasons[-1] == "shadow predictions recovered: 5 hits in a row"
+
+
+def test_the_ranking_check_can_be_turned_off():
+    config = ControllerSettings(adjust_every=1000, min_rank=0)
+    modes, reasons = feed([(float(t), at(HIT, rank=0.0, n=10)) for t in range(20)], config)
+    assert modes == [N] * 20 and reasons == []

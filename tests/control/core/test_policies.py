@@ -129,3 +129,35 @@ def test_predictive_weighs_a_cached_prefix_against_load():
     warm.in_flight, warm.remaining = 40, tuple([900.0] * 40)
     warm.step_per_seq_s = 0.002
     assert predictive(ctx(views, predicted=50, prompt=long_prompt)).instance == "cold"
+
+
+def test_predictive_never_picks_a_full_instance_over_one_with_room():
+    """Its roll-forward sees decode time, not memory: the load margin keeps memory first."""
+    full = InstanceView("full", in_flight=2, cap=64, kv_usage=0.97, remaining=(3.0, 3.0))
+    roomy = InstanceView("roomy", in_flight=8, cap=64, kv_usage=0.3, remaining=(300.0,) * 8)
+    near = InstanceView("near", in_flight=8, cap=64, kv_usage=0.35, remaining=(50.0,) * 8)
+    unguarded = DispatchContext([full, roomy, near], "r", 100.0, 10, 0.0)
+    assert predictive(unguarded).instance == "full"
+    guarded = DispatchContext([full, roomy, near], "r", 100.0, 10, 0.0, load_margin=0.1)
+    decision = predictive(guarded)
+    assert decision.instance == "near"  # within the margin of the lowest load, fewer steps shared
+    assert set(decision.scores) == {"roomy", "near"}
+
+
+def test_one_request_more_than_the_least_loaded_still_competes_on_small_instances():
+    # Eight slots: one request is 0.125 of the load, more than the margin; the instance holding
+    # the prompt's prefix still competes with the one that has one request less.
+    holder = InstanceView(
+        "holder",
+        in_flight=2,
+        cap=8,
+        remaining=(20.0, 20.0),
+        cached_tokens=900,
+        prefill_s_per_token=0.001,
+    )
+    idle = InstanceView("idle", in_flight=1, cap=8, remaining=(20.0,), prefill_s_per_token=0.001)
+    busy = InstanceView("busy", in_flight=3, cap=8, remaining=(20.0,) * 3, cached_tokens=900)
+    ctx = DispatchContext([holder, idle, busy], "r", 50.0, 1000, 0.0, load_margin=0.1)
+    decision = predictive(ctx)
+    assert set(decision.scores) == {"holder", "idle"}
+    assert decision.instance == "holder"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -224,3 +225,104 @@ def test_fallback_switches_to_round_robin_and_resets_the_corrector():
         mode_events[0]["to_mode"] == "FALLBACK"
         and "3 consecutive misses" in mode_events[0]["reason"]
     )
+
+
+class Seen(SimBackend):
+    """A simulated instance that keeps the requests it was sent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, load_profile("cpu-tiny"))
+        self.sent: list = []
+
+    def stream(self, request, result):
+        self.sent.append(request)
+        return super().stream(request, result)
+
+
+@pytest.mark.parametrize(
+    ("priority", "predictions", "xargs"),
+    [
+        pytest.param(True, True, {"steersman_predicted_tokens", "steersman_aging_s"}, id="class"),
+        pytest.param(True, False, set(), id="vLLM's built-in priority policy"),
+        pytest.param(False, True, set(), id="stock vLLM"),
+    ],
+)
+def test_what_an_instance_is_sent_follows_its_settings(priority, predictions, xargs):
+    backend = Seen("a")
+    instance = Instance("a", backend, LatencyModel(PRIOR), send_priority=priority,
+                        send_predictions=priority and predictions)  # fmt: skip
+
+    async def main():
+        svc, _ = service([instance], engine_order="always")
+        await complete(svc, "r1", 3)
+
+    asyncio.run(main())
+    (sent,) = backend.sent
+    assert (sent.priority is not None) is priority
+    assert set(sent.xargs or {}) == xargs
+
+
+def test_below_saturation_vllm_gets_arrival_order_and_no_lengths():
+    """engine_order = "backlog" (the default): lengths order vLLM's queue only while
+    steersman's own queue is backlogged; otherwise the priority is the arrival order."""
+    backend = Seen("a")
+    instance = Instance("a", backend, LatencyModel(PRIOR))
+
+    async def main():
+        svc, _ = service([instance])
+        for rid, tokens in (("long", 300), ("short", 2)):
+            await complete(svc, rid, tokens)
+
+    asyncio.run(main())
+    long_, short = backend.sent
+    assert long_.priority <= short.priority  # the first to arrive first, whatever its length
+    assert not (long_.xargs or short.xargs)
+
+
+def test_in_fallback_vllm_gets_no_predicted_lengths():
+    backend = Seen("a")
+    instance = Instance("a", backend, LatencyModel(PRIOR))
+
+    async def main():
+        svc, _ = service([instance], policy="least-load")
+        core = svc.scheduler
+        core.state = replace(core.state, mode="FALLBACK", fallback_until=float("inf"))
+        await complete(svc, "r1", 3)
+
+    asyncio.run(main())
+    (sent,) = backend.sent
+    assert sent.priority is not None  # arrival order still goes to vLLM
+    assert "steersman_predicted_tokens" not in (sent.xargs or {})
+
+
+class Flaky(SimBackend):
+    """A simulated instance whose /health answers as told."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, load_profile("cpu-tiny"))
+        self.answers = True
+
+    async def health(self, timeout_s: float = 1.0) -> bool:
+        return self.answers
+
+
+def test_an_instance_is_marked_down_after_failed_probes_in_a_row_only():
+    backend = Flaky("a")
+    instance = Instance("a", backend, LatencyModel(PRIOR))
+
+    async def main():
+        svc, record = service([instance], health_failures=3)
+        seen = []
+        for answers in (False, False, True, False, False, False, True):
+            backend.answers = answers
+            await svc.check_health()
+            seen.append(instance.healthy)
+        return seen, record
+
+    seen, record = asyncio.run(main())
+    assert seen == [True, True, True, True, True, False, True]
+    reasons = [e["reason"] for e in record.rows["controller_events"]]
+    assert reasons == [
+        "a marked down: /health failed 3 times in a row",
+        "a readmitted: /health answered",
+    ]
