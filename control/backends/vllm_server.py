@@ -121,7 +121,8 @@ class VllmServer:
     One core per server (``VLLM_CPU_OMP_THREADS_BIND``), 1 GiB of KV cache, float32 (the bf16
     kernels vLLM picks on CPUs that advertise AMX die with SIGILL where AMX is not enabled),
     eager mode, priority scheduling, and a private RPC directory so stale sockets of an earlier
-    run cannot interfere.
+    run cannot interfere. ``nice`` lowers its CPU priority: where it shares cores with the
+    daemon, the control plane's few milliseconds of work come first.
     """
 
     def __init__(
@@ -136,6 +137,7 @@ class VllmServer:
         kv_cache_gib: int = 1,
         log_dir: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        nice: int = 0,
     ) -> None:
         self.python = str(Path(python).absolute()) if os.sep in str(python) else python
         self.model_dir = Path(model_dir).absolute()
@@ -145,6 +147,7 @@ class VllmServer:
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = extra_args
+        self.nice = nice
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="steersman-vllm-")).absolute()
         self.log_path = self.log_dir / f"vllm-{port}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -156,7 +159,10 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
+        # ``nice`` applies to the server and every worker it forks.
+        prefix = ["nice", "-n", str(self.nice)] if self.nice else []
         return [
+            *prefix,
             self.python,
             "-m",
             "vllm.entrypoints.openai.api_server",

@@ -92,7 +92,11 @@ def demo_command(
         length_model = ensure_length_model(data_dir, counter, budget_s=train_budget, progress=tick)
     items = demo_workload(counter, rate, duration, seed)
     run_dir = data_dir / "demo" / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{backend.value}"
-    config = DemoConfig(backend.value, run_dir, model_dir, length_model, vllm_python, policy.value)
+    # The servers share the machine's cores with the daemon: at nice 10 the length model's few
+    # milliseconds per request do not wait behind decode steps (they would miss the deadline).
+    config = DemoConfig(
+        backend.value, run_dir, model_dir, length_model, vllm_python, policy.value, server_nice=10
+    )
     console.print(
         f"starting {backend.value} instances and the daemon; replaying {len(items)} requests "
         f"over {duration:g} s at {rate:g} req/s",

@@ -11,124 +11,48 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 
 from steersman.control.core import controller as ctl
 from steersman.control.core.admission import KvRoom
+from steersman.control.core.messages import (
+    Arrival,
+    Assignment,
+    InstanceState,
+    Learner,
+    Outcome,
+    QueueFull,
+    Report,
+    SchedulerStats,
+    Ticket,
+)
 from steersman.control.core.policies import POLICIES, DispatchContext, InstanceView
 from steersman.control.core.prefix import PrefixIndex, block_hashes
 from steersman.control.core.priority import priority_key, vllm_priority
 from steersman.control.core.running import InFlight
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.learners.corrector import BASE_KEY, Band
-from steersman.learners.latency import StepCoefficients
 from steersman.learners.metrics import InOrder, RankWindow
 from steersman.learners.remaining import RemainingLength, remaining
 
 Admission = Literal["kv", "count", "none"]
-DEFAULT_STEP = StepCoefficients(0.01, 0.0005, 0.0001)
 PREDICTIVE = frozenset({"predictive", "oracle"})  # the policies that read predicted lengths
-
-
-class QueueFull(Exception):
-    """More requests are waiting than ``dispatch.max_queue``."""
-
-
-class Learner(Protocol):
-    """The online length predictor the core consults and teaches (River's shape)."""
-
-    def predict_band(self, x: Mapping[str, Any]) -> Band: ...
-
-    def learn_one(self, x: Mapping[str, Any], y: float) -> None: ...
-
-    def reset(self) -> None: ...
-
-
-@dataclass(slots=True)  # not frozen: the shell builds one per instance per decision
-class InstanceState:
-    """What the shell measures of one instance, handed in with every ``schedule`` call."""
-
-    name: str
-    healthy: bool = True
-    cap: int = 1 << 30  # most requests steersman keeps there
-    kv_usage: float | None = None
-    waiting: int = 0  # in the engine's own queue
-    step: StepCoefficients = DEFAULT_STEP
-    kv_capacity: int | None = None  # KV cache tokens; None: unknown, the count cap alone holds
-    block: int = 16  # tokens per KV block
-
-
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """A request as the core sees it. ``x`` holds the predictor's features (and the base model's
-    prediction under ``base_tokens``); ``max_tokens`` is the client's cap (a prediction above it
-    is cut to it, and a request that hits it was cut off); ``true_tokens`` is for the oracle."""
-
-    request_id: str
-    prompt_tokens: int
-    x: Mapping[str, Any] = field(default_factory=dict)
-    request_class: str = "other"
-    max_tokens: int | None = None
-    true_tokens: int | None = None
-    prefix: tuple[int, ...] = ()  # the prompt's segment hashes (core.prefix)
-    segment_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """The prediction a request is scheduled with."""
-
-    corrected: float  # the online corrector's prediction (tokens)
-    scheduled: float  # after compensation: what the scheduler plans with
-    key: float  # its place in the queue (lower first)
-    priority: int  # vLLM's priority: shortest predicted first, with aging
-    low: float = 0.0  # the band it is scheduled with, compensated like the point
-    high: float = 0.0
-    arrival_priority: int = 0  # vLLM's priority in arrival order (FCFS)
-
-
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    request_id: str
-    instance: str
-    priority: int
-    scheduled: float
-    policy: str
-    mode: ctl.Mode
-    running: int  # requests steersman had there before this one
-    cached_tokens: int = 0  # of its prompt, what steersman expects the instance holds cached
-    ordered: bool = False  # vLLM orders it by its length (priority, predicted tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    actual: int  # tokens generated
-    cut_off: bool = False  # ended by its own max_tokens: the true length is at least ``actual``
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """What a finished request (or time passing) did to the controller."""
-
-    events: tuple[ctl.Event, ...] = ()
-    miss: bool | None = None
-    hot_update: bool = False  # the shell asks for an early retraining
-
-
-@dataclass
-class SchedulerStats:
-    decisions: int = 0
-    fallback_decisions: int = 0
-    kv_held: int = 0  # times the head waited for KV room that its count cap would have given
-    kv_overrides: int = 0  # requests admitted on measured room the projection did not see
-    scored: int = 0
-    misses: int = 0
-    fallbacks: int = 0
-    compensation_changes: int = 0
+__all__ = [  # the core's data, importable from here with the core itself
+    "Arrival",
+    "Assignment",
+    "InstanceState",
+    "Learner",
+    "Outcome",
+    "QueueFull",
+    "Report",
+    "Scheduler",
+    "SchedulerStats",
+    "Ticket",
+]
 
 
 @dataclass(slots=True)

@@ -53,7 +53,10 @@ class DemoConfig:
     vllm_python: str
     policy: str = "predictive"
     max_in_flight: int = 32
-    # The servers run steersman's vLLM scheduler class (see backends/vllm_scheduler.py).
+    # CPU priority of the servers where they share cores with the daemon (``nice`` levels).
+    server_nice: int = 0
+    # steersman's vLLM scheduler class is loaded; it acts only on requests that carry predictions
+    # (instances[].predictions, which the bench's class variant turns on).
     server_args: tuple[str, ...] = (
         "--scheduler-cls",
         "steersman.control.backends.vllm_scheduler.SteersmanScheduler",
@@ -79,6 +82,7 @@ def instances(config: DemoConfig) -> Iterator[list[dict[str, Any]]]:
             max_model_len=MAX_MODEL_LEN,
             log_dir=config.run_dir,
             extra_args=config.server_args,
+            nice=config.server_nice,
         )
         for core in (0, 1)
     ]

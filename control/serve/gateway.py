@@ -9,112 +9,28 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import SecretStr
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steersman.control.backends.base import BackendError, UpstreamRejected
 from steersman.control.core.scheduler import QueueFull
 from steersman.control.serve.admin import admin_state
+from steersman.control.serve.schemas import (
+    GENERATION,
+    ChatBody,
+    CompletionBody,
+    Health,
+    errors,
+)
 from steersman.control.serve.sections import GatewaySettings
 from steersman.control.serve.service import QueueTimeout, Steersman
-
-MAX_TOKENS_LIMIT = 1_000_000
-
-
-class CompletionBody(BaseModel):
-    """An OpenAI completion request; fields steersman does not read pass through to vLLM."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1, max_length=256)
-    prompt: (
-        Annotated[str, Field(min_length=1)]
-        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
-        | Annotated[list[int], Field(min_length=1)]
-        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
-    )
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
-    stream: bool = False
-    stream_options: dict[str, bool] | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: (
-        Annotated[str, Field(min_length=1)]
-        | Annotated[list[dict[str, Any]], Field(min_length=1)]
-        | None
-    ) = None
-
-
-class ChatBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1, max_length=256)
-    messages: list[ChatMessage] = Field(
-        min_length=1,
-        # at least one message carries content (the check in the handler, declared)
-        json_schema_extra={
-            "contains": {"type": "object", "required": ["content"],
-                         "properties": {"content": {"not": {"type": "null"}}}}
-        },
-    )  # fmt: skip
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
-    stream: bool = False
-    stream_options: dict[str, bool] | None = None
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    """OpenAI's error shape: every 4xx and 5xx the gateway returns has it."""
-
-    error: ErrorDetail
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    why = {
-        400: "Invalid request (the field is named in error.param)",
-        401: "Missing or invalid API key",
-        403: "This key may not use this endpoint",
-        404: "Unknown model or path",
-        405: "Method not allowed (see the Allow header)",
-        413: "Request body too large",
-        422: "Unused: validation errors are answered 400",
-        429: "steersman's queue is full",
-        500: "Internal error",
-        503: "No instance could serve the request",
-    }
-    return {s: {"model": ErrorResponse, "description": why[s]} for s in statuses}
-
-
-_GENERATION = {
-    200: {
-        "description": "A completion, or with stream=true its server-sent events",
-        "content": {
-            "application/json": {"schema": {"type": "object"}},
-            "text/event-stream": {"schema": {"type": "string"}},
-        },
-    },
-    **_errors(400, 401, 403, 404, 413, 422, 429, 500, 503),
-}
-
-
-class Health(BaseModel):
-    status: str
-    instances_up: int
 
 
 class ApiError(Exception):
@@ -239,21 +155,21 @@ def create_app(
         body = error_body(str(exc.detail), kind)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)  # Allow
 
-    @app.post("/v1/completions", dependencies=[inference], responses=_GENERATION)
+    @app.post("/v1/completions", dependencies=[inference], responses=GENERATION)
     async def completions(body: CompletionBody) -> Response:
         data = body.model_dump(exclude_unset=True)
         if body.prompt in ("", []) or (isinstance(body.prompt, list) and "" in body.prompt):
             raise ApiError(400, "prompt must not be empty", param="prompt")
         return await _serve(app, service, "completion", data, body.stream)
 
-    @app.post("/v1/chat/completions", dependencies=[inference], responses=_GENERATION)
+    @app.post("/v1/chat/completions", dependencies=[inference], responses=GENERATION)
     async def chat(body: ChatBody) -> Response:
         data = body.model_dump(exclude_unset=True)
         if not any(m.content for m in body.messages):
             raise ApiError(400, "messages must carry some content", param="messages")
         return await _serve(app, service, "chat", data, body.stream)
 
-    @app.get("/v1/models", dependencies=[inference], responses=_errors(401, 403))
+    @app.get("/v1/models", dependencies=[inference], responses=errors(401, 403))
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": app.state.models}
 
@@ -273,7 +189,7 @@ def create_app(
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/admin/state", dependencies=[admin], responses=_errors(401, 403))
+    @app.get("/admin/state", dependencies=[admin], responses=errors(401, 403))
     async def state() -> dict[str, Any]:
         return admin_state(service)
 

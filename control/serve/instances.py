@@ -28,9 +28,10 @@ class Instance:
     latency: LatencyModel
     cap: int = 32
     send_priority: bool = True
-    send_predictions: bool = True  # for steersman's vLLM scheduler class
+    send_predictions: bool = False  # for steersman's vLLM scheduler class
     healthy: bool = True
     failed_probes: int = 0  # /health probes failed in a row
+    streaming: bool = False  # a stream from it produced events since the last probe
     kv_usage: float | None = None
     waiting: int = 0
     kv_capacity: int | None = None  # KV cache tokens, from the profile or vLLM's /metrics

@@ -38,15 +38,15 @@ class InstanceSettings(_Section):
     )
     priority: bool = Field(
         default=True,
-        description="Send vLLM priorities and steersman's predicted length (the server runs "
-        "--scheduling-policy priority, ideally with steersman's --scheduler-cls); false: the "
-        "server is treated as stock vLLM.",
+        description="Send vLLM priorities (the server runs --scheduling-policy priority); "
+        "false: the server is treated as stock vLLM.",
     )
     predictions: bool = Field(
-        default=True,
+        default=False,
         description="With priority: also send steersman_predicted_tokens, which steersman's "
-        "--scheduler-cls reads (false: vLLM's built-in priority policy orders by the priority "
-        "alone).",
+        "--scheduler-cls reads to reorder running requests and choose victims by predicted "
+        "remaining length. Off by default: vLLM's built-in priority policy, fed steersman's "
+        "priorities, measured as well or better (docs/benchmarks.md).",
     )
 
     @field_validator("sim", "profile")

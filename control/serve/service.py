@@ -257,7 +257,7 @@ class Steersman:
                 # aclosing: a client that leaves closes the upstream stream now, not at GC time.
                 async with contextlib.aclosing(upstream) as events:
                     async for event in events:
-                        streamed = True
+                        streamed = instance.streaming = True
                         if result.completion_tokens is not None:
                             self.scheduler.progress(job.request_id, result.completion_tokens)
                         yield event.data
@@ -426,6 +426,10 @@ class Steersman:
     async def check_health(self) -> None:
         async def one(instance: Instance) -> None:
             ok = await instance.backend.health()
+            # A server that streamed since the last probe is alive: under load its /health can
+            # time out while it serves (passive health, as load balancers check it).
+            ok = ok or (instance.healthy and instance.streaming)
+            instance.streaming = False
             instance.failed_probes = 0 if ok else instance.failed_probes + 1
             if ok:
                 self.mark(instance, True, "/health answered")

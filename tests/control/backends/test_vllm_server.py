@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +35,16 @@ def test_a_relative_interpreter_is_made_absolute_without_leaving_its_environment
     server = VllmServer("env/bin/python", Path("model"), free_port(), log_dir=Path("logs"))
     assert server.command()[0] == str(found)
     assert server.model_dir == tmp_path / "model" and server.log_dir == tmp_path / "logs"
+
+
+def test_nice_lowers_the_priority_of_the_server_and_what_it_starts():
+    server = VllmServer(sys.executable, Path("model"), free_port(), nice=10)
+    at = server.command().index(sys.executable)
+    probe = [*server.command()[:at], sys.executable, "-c", "import os; print(os.nice(0))"]
+    assert int(subprocess.run(probe, capture_output=True, text=True, check=True).stdout) == min(
+        os.nice(0) + 10, 19
+    )
+    assert VllmServer(sys.executable, Path("model"), 1).command()[0] == sys.executable
 
 
 def test_a_missing_interpreter_names_the_path_and_the_fix(tmp_path):

@@ -326,3 +326,23 @@ def test_an_instance_is_marked_down_after_failed_probes_in_a_row_only():
         "a marked down: /health failed 3 times in a row",
         "a readmitted: /health answered",
     ]
+
+
+def test_an_instance_that_streams_stays_up_while_its_probes_time_out():
+    backend = Flaky("a")
+    backend.answers = False  # /health times out, as a loaded server's does
+    instance = Instance("a", backend, LatencyModel(PRIOR))
+
+    async def main():
+        svc, _ = service([instance], health_failures=2)
+        seen = []
+        for k in range(3):
+            assert await complete(svc, f"r{k}", 5)  # it serves between the probes
+            await svc.check_health()
+            seen.append(instance.healthy)
+        for _ in range(2):  # silence and failed probes: now it is down
+            await svc.check_health()
+            seen.append(instance.healthy)
+        return seen
+
+    assert asyncio.run(main()) == [True, True, True, True, False]

@@ -132,3 +132,31 @@ def test_paths_are_made_absolute_where_the_settings_are_built(tmp_path, monkeypa
     assert s.predictor.model_dir == tmp_path / "models" / "m"
     assert s.predictor.tokenizer_dir == tmp_path / "tok"
     assert [i.sim for i in s.instances] == [str(tmp_path / "cal" / "gpu.json"), "cpu-tiny"]
+
+
+def test_unnamed_instances_of_one_profile_are_numbered(tmp_path):
+    cfg = _toml(tmp_path, '[[instances]]\nsim = "cpu-tiny"\n[[instances]]\nsim = "cpu-tiny"\n')
+    s = load_settings(cfg, environ={})
+    assert [i.name for i in s.instances] == ["sim-cpu-tiny-1", "sim-cpu-tiny-2"]
+
+
+@pytest.mark.parametrize(
+    ("tables", "expected"),
+    [
+        pytest.param(
+            '[[instances]]\nname = "a"\nsim = "cpu-tiny"\n[[instances]]\nname = "a"\n'
+            'sim = "cpu-tiny"\n',
+            "instances[0] and instances[1] are both named 'a'",
+            id="one name twice",
+        ),
+        pytest.param(
+            '[[instances]]\nurl = "http://127.0.0.1:9000"\n'
+            '[[instances]]\nurl = "http://127.0.0.1:9000/"\n',
+            "instances[0] and instances[1] both point at http://127.0.0.1:9000/",
+            id="one server twice",
+        ),
+    ],
+)
+def test_two_instances_that_would_be_one_are_a_config_error(tmp_path, tables, expected):
+    with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        load_settings(_toml(tmp_path, tables), environ={})
