@@ -55,7 +55,8 @@ class Variant:
 def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[str, Variant]:
     """The policies compared: what operators run today (stock vLLM FCFS behind round-robin or
     least-load), vLLM's priority policy fed with steersman's predictions but no steersman
-    queue, steersman complete, and steersman with the true lengths (the bound) or with a
+    queue, steersman complete (with vLLM's priority policy, and with steersman's scheduler class),
+    and steersman with the class and the true lengths (the bound) or with a
     predictor that knows nothing (what the predictions themselves earn); and, for workloads that
     share prefixes, a router by prefix affinity in front of stock vLLM."""
     lb = {"admission": "none"}
@@ -71,8 +72,10 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
             "priority",
             "learned",
         ),
-        "steersman": Variant(DispatchSettings(policy=dispatch), engine, "learned"),
-        "steersman-builtin": Variant(DispatchSettings(policy=dispatch), "priority", "learned"),
+        # As deployed by default: vLLM's built-in priority policy fed steersman's priorities.
+        "steersman": Variant(DispatchSettings(policy=dispatch), "priority", "learned"),
+        # With steersman's vLLM scheduler class: what the class adds.
+        "steersman-class": Variant(DispatchSettings(policy=dispatch), engine, "learned"),
         "oracle": Variant(
             DispatchSettings(policy="oracle"), engine, "truth", ControllerSettings(enabled=False)
         ),
@@ -89,7 +92,7 @@ STANDARD = (
     "least-load",
     "vllm-priority",
     "steersman",
-    "steersman-builtin",
+    "steersman-class",
     "oracle",
     "constant",
 )

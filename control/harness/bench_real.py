@@ -38,9 +38,10 @@ from steersman.telemetry.vllm_metrics import parse_metrics
 # What each policy means in a deployment.
 VARIANTS: dict[str, dict[str, Any]] = {
     "least-load": {"dispatch": {"policy": "least-load", "admission": "none"}, "stock": True},
-    "steersman": {},
-    # vLLM's built-in priority policy fed with steersman's priorities: what the class adds.
-    "steersman-builtin": {"predictions": False},
+    # As deployed by default: vLLM's built-in priority policy fed steersman's priorities.
+    "steersman": {"predictions": False},
+    # With steersman's vLLM scheduler class reading the predictions: what the class adds.
+    "steersman-class": {},
     "oracle": {"dispatch": {"policy": "oracle"}, "controller": {"enabled": False}},
 }
 BASELINES: dict[str, dict[str, Any]] = {

@@ -102,7 +102,7 @@ def ratios(runs: list[dict[str, Any]]) -> str:
     if base is None:
         return ""
     parts = []
-    for name in ("steersman", "steersman-builtin", "oracle", "constant", "vllm-priority"):
+    for name in ("steersman", "steersman-class", "oracle", "constant", "vllm-priority"):
         if name not in by:
             continue
         got = [f"{m} {_ratio(by[name].get(m), base.get(m))}" for m in RATIOS]
