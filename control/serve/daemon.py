@@ -86,9 +86,11 @@ class Daemon:
         predictor = Predictor(
             deadline_s=s.predictor.deadline_ms / 1000, count_tokens=count, model_version=version
         )
-        self.metrics = Metrics(self.sampler.latest if self.sampler else None)
         d = s.dispatch
         scheduler = Scheduler(d, s.controller, corrector=corrector, origin=time.monotonic())
+        self.metrics = Metrics(
+            self.sampler.latest if self.sampler else None, admission=lambda: scheduler.stats
+        )
         self.service = Steersman(
             [make_instance(spec, s.gateway, count) for spec in s.instances],
             predictor,

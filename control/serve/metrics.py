@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -41,8 +41,32 @@ class _GpuCollector(Collector):
             yield family
 
 
+class _AdmissionCollector(Collector):
+    """The core's admission counts, read at scrape time (the core itself does no I/O)."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = self._stats()
+        yield CounterMetricFamily(
+            "steersman_kv_held",
+            "Times a request waited for KV room over its predicted lifetime.",
+            value=stats.kv_held,
+        )
+        yield CounterMetricFamily(
+            "steersman_kv_overrides",
+            "Requests admitted on the room the engine measured where the projection saw none.",
+            value=stats.kv_overrides,
+        )
+
+
 class Metrics:
-    def __init__(self, gpu_latest: Callable[[], Mapping[int, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        gpu_latest: Callable[[], Mapping[int, Any]] | None = None,
+        admission: Callable[[], Any] | None = None,
+    ) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "steersman_requests",
@@ -97,6 +121,8 @@ class Metrics:
         )
         if gpu_latest is not None:
             r.register(_GpuCollector(gpu_latest))
+        if admission is not None:
+            r.register(_AdmissionCollector(admission))
 
     def set_mode(self, mode: str) -> None:
         for name in ("NORMAL", "FALLBACK"):

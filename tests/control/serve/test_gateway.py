@@ -138,6 +138,9 @@ def test_metrics_and_admin_state(tmp_path):
     assert "steersman_decision_seconds_count 3.0" in text_
     assert 'steersman_mode{mode="NORMAL"} 1.0' in text_
     assert "steersman_prediction_error_ratio_bucket" in text_
+    # the core's admission counts, the same as /admin/state's
+    assert f"steersman_kv_overrides_total {float(state['kv_overrides'])}" in text_
+    assert f"steersman_kv_held_total {float(state['kv_held'])}" in text_
     assert state["mode"] == "NORMAL" and state["miss_streak"] >= 0
     assert [i["name"] for i in state["instances"]] == ["sim-a", "sim-b"]
     assert state["predictor"]["n"] == 3
