@@ -30,7 +30,7 @@ from steersman.control.serve.schemas import (
     errors,
 )
 from steersman.control.serve.sections import GatewaySettings
-from steersman.control.serve.service import QueueTimeout, Steersman
+from steersman.control.serve.service import COMPLETE, QueueTimeout, Steersman
 
 
 class ApiError(Exception):
@@ -253,7 +253,7 @@ async def _serve(
     except ApiError as exc:
         service.reject(job, exc.message)
         raise
-    chunks = service.run(job)
+    chunks = service.run(job, respond_first=True)
     try:
         first = await anext(chunks, None)
     except Exception as exc:
@@ -261,9 +261,9 @@ async def _serve(
     options = data.get("stream_options") or {}
     if stream:
         return StreamingResponse(
-            _sse(request_id, first, chunks, options), media_type="text/event-stream"
+            _sse(service, request_id, first, chunks, options), media_type="text/event-stream"
         )
-    return await _collect(request_id, kind, data, first, chunks)
+    return await _collect(service, request_id, kind, data, first, chunks)
 
 
 def _api_error(exc: Exception) -> ApiError:
@@ -291,18 +291,24 @@ def _shape(request_id: str, chunk: dict[str, Any], options: dict[str, Any]) -> d
 
 
 async def _sse(
+    service: Steersman,
     request_id: str,
-    first: dict[str, Any] | None,
-    chunks: AsyncIterator[dict[str, Any]],
+    first: Any,
+    chunks: AsyncIterator[Any],
     options: dict[str, Any],
 ) -> AsyncIterator[bytes]:
     last_usage = None
     last_object = "text_completion"
     final_usage_sent = False
+    complete = False
     try:
         pending = [first] if first is not None else []
         while True:
             chunk = pending.pop() if pending else await anext(chunks, None)
+            if chunk is COMPLETE:
+                complete = True
+                service.close_later(chunks)
+                break
             if chunk is None:
                 break
             last_usage = chunk.get("usage") or last_usage
@@ -323,16 +329,18 @@ async def _sse(
         body = error_body(error.message, error.kind)
         yield f"data: {json.dumps(body)}\n\n".encode()
     finally:
-        await chunks.aclose()  # a client that left mid-stream cancels the upstream request
+        if not complete:
+            await chunks.aclose()  # a client that left mid-stream cancels the upstream request
     yield b"data: [DONE]\n\n"
 
 
 async def _collect(
+    service: Steersman,
     request_id: str,
     kind: str,
     data: dict[str, Any],
-    first: dict[str, Any] | None,
-    chunks: AsyncIterator[dict[str, Any]],
+    first: Any,
+    chunks: AsyncIterator[Any],
 ) -> JSONResponse:
     texts: dict[int, str] = {}
     finish: dict[int, str | None] = {}
@@ -342,6 +350,9 @@ async def _collect(
     try:
         chunk = first
         while chunk is not None:
+            if chunk is COMPLETE:
+                service.close_later(chunks)
+                break
             usage = chunk.get("usage") or usage
             model = chunk.get("model", model)
             created = chunk.get("created", created)

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from steersman.control.backends.base import (
     BackendError,
@@ -23,18 +21,19 @@ from steersman.control.backends.base import (
     GenerationResult,
     InstanceUnavailable,
 )
-from steersman.control.core.prefix import SEGMENT_TOKENS, token_segments
 from steersman.control.core.qoe import qoe
 from steersman.control.core.records import EventRecord, RequestRecord
-from steersman.control.core.scheduler import Arrival, Assignment, Outcome, Report, Scheduler
+from steersman.control.core.scheduler import Assignment, Outcome, Report, Scheduler
 from steersman.control.serve.instances import Instance
+from steersman.control.serve.intake import Job, make_job, max_tokens_of, sha256, text_of
 from steersman.control.serve.metrics import Metrics
-from steersman.control.serve.predictor import Prediction, Predictor, request_context
-from steersman.learners.features import conversation_text, prompt_text
+from steersman.control.serve.predictor import Predictor, request_context
 
 log = logging.getLogger(__name__)
 
 Record = Callable[[str, dict[str, Any]], None]
+COMPLETE: Final = object()  # ends a complete answer's chunks (``Steersman.run``)
+Chunk = dict[str, Any] | object
 
 
 class NoInstance(BackendError):
@@ -43,20 +42,6 @@ class NoInstance(BackendError):
 
 class QueueTimeout(Exception):
     """No instance took the request within the queue timeout."""
-
-
-@dataclass
-class Job:
-    """One request on its way through the loop."""
-
-    request_id: str
-    kind: str  # "completion" or "chat"
-    body: dict[str, Any]
-    prediction: Prediction
-    arrival: Arrival
-    record: RequestRecord
-    assignment: Assignment | None = None
-    retries: int = 0
 
 
 class Steersman:
@@ -101,6 +86,7 @@ class Steersman:
         self.clock = clock
         self._wall_offset = wall() - clock()
         self._waiters: dict[str, asyncio.Future[Assignment]] = {}
+        self._closing: set[asyncio.Future[None]] = set()
         self.no_kv_capacity: set[str] = set()  # instances admitted by max_in_flight alone
         metrics.set_mode(scheduler.state.mode)
         for name in self.instances:
@@ -110,55 +96,22 @@ class Steersman:
 
     async def prepare(self, request_id: str, kind: str, body: dict[str, Any]) -> Job:
         received = self.clock()
-        text, turns = _text(kind, body)
-        raw_max = body.get("max_tokens") or body.get("max_completion_tokens")
-        max_tokens = raw_max if isinstance(raw_max, int) and raw_max > 0 else None
-        cap = None if self.max_tokens_is_length else max_tokens
+        text, turns = text_of(kind, body)
+        cap = None if self.max_tokens_is_length else max_tokens_of(body)
         context = request_context(self.telemetry, self.instances.values(), self.scheduler.in_flight)
         p = await self.predictor.predict(text, turns=turns, max_tokens=cap, context=context)
         self.metrics.predictions.labels(p.path).inc()
-        ids = self._token_ids(kind, body)
-        arrival = Arrival(
+        return make_job(
             request_id,
-            len(ids) if ids else p.prompt_tokens or 0,
-            p.x,
-            request_class=p.request_class,
-            max_tokens=cap,
-            true_tokens=max_tokens if self.max_tokens_is_length else None,
-            prefix=token_segments(ids, SEGMENT_TOKENS),
-            segment_tokens=SEGMENT_TOKENS,
-        )
-        record = RequestRecord(
-            request_id,
+            kind,
+            body,
+            p,
             received,
-            request_class=p.request_class,
-            prompt_tokens=p.prompt_tokens,
-            prompt_sha256=_sha256(text),
-            prompt_text=text if self.store_prompts else None,
-            features=p.x,
-            max_tokens=max_tokens,
-            predictor_path=p.path,
-            base_prediction=p.base,
+            tokenize=self.tokenize,
+            store_prompts=self.store_prompts,
+            max_tokens_is_length=self.max_tokens_is_length,
             model_version=self.predictor.model_version,
         )
-        return Job(request_id, kind, body, p, arrival, record)
-
-    def _token_ids(self, kind: str, body: dict[str, Any]) -> Sequence[int]:
-        """The whole input's tokens (every turn of a chat), or none without a tokenizer."""
-        prompt = body.get("prompt")
-        if kind != "chat" and isinstance(prompt, list) and all(type(t) is int for t in prompt):
-            return prompt  # token ids already
-        if self.tokenize is None:
-            return ()
-        if kind == "chat":
-            text = conversation_text(messages=body.get("messages"))
-        else:
-            text = conversation_text(prompt=prompt)
-        try:
-            return self.tokenize(text)
-        except Exception:  # a tokenizer hiccup costs the prefix, not the request
-            log.debug("tokenizing the prompt failed", exc_info=True)
-            return ()
 
     def reject(self, job: Job, reason: str) -> None:
         """Record a request refused before it was scheduled (the client's mistake)."""
@@ -166,7 +119,7 @@ class Steersman:
 
     def refuse(self, request_id: str, kind: str, body: dict[str, Any], reason: str) -> None:
         """Record a request refused before any prediction ran (an unknown model)."""
-        text, _ = _text(kind, body)
+        text, _ = text_of(kind, body)
         now = self.clock()
         self.metrics.requests.labels("none", "none", "error").inc()
         self.write(
@@ -175,7 +128,7 @@ class Steersman:
                 now,
                 finished_at=now,
                 mode=self.scheduler.state.mode,
-                prompt_sha256=_sha256(text),
+                prompt_sha256=sha256(text),
                 prompt_text=text if self.store_prompts else None,
                 error=reason,
             )
@@ -221,9 +174,13 @@ class Steersman:
                 ) from None
             raise
 
-    async def run(self, job: Job) -> AsyncIterator[dict[str, Any]]:
+    async def run(self, job: Job, *, respond_first: bool = False) -> AsyncIterator[Chunk]:
         """The OpenAI chunks of the request's stream. Raises a BackendError (or QueueFull /
-        QueueTimeout) when it fails; the outcome is recorded either way."""
+        QueueTimeout) when it fails; the outcome is recorded either way.
+
+        With ``respond_first``, a complete answer ends with ``COMPLETE``, and its outcome is
+        learnt and recorded when the generator is closed (``close_later``): the client's answer
+        does not wait on the accounting."""
         try:
             ticket = self.scheduler.add(job.arrival, self.clock())
         except Exception as exc:
@@ -278,8 +235,19 @@ class Steersman:
                 self._close(job, instance, result, "client disconnected")
                 raise
             else:
-                self._close(job, instance, result, None)
+                try:
+                    if respond_first:
+                        yield COMPLETE
+                finally:
+                    self._close(job, instance, result, None)
                 return
+
+    def close_later(self, chunks: AsyncIterator[Chunk]) -> None:
+        """Close a stream that reached ``COMPLETE`` in the loop's next turn: after the response
+        has gone out, before any new arrival is read."""
+        task = asyncio.ensure_future(chunks.aclose())  # type: ignore[attr-defined]
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _request(self, job: Job, a: Assignment, instance: Instance) -> GenerationRequest:
         """The request as the instance gets it: with steersman's priority and predicted length
@@ -442,13 +410,3 @@ class Steersman:
 
     def _dt(self, mono: float | None) -> datetime | None:
         return None if mono is None else datetime.fromtimestamp(mono + self._wall_offset, UTC)
-
-
-def _text(kind: str, body: dict[str, Any]) -> tuple[str, int]:
-    if kind == "chat":
-        return prompt_text(messages=body.get("messages"))
-    return prompt_text(prompt=body.get("prompt"))
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()

@@ -15,7 +15,7 @@ from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
-from steersman.control.serve.service import NoInstance, Steersman
+from steersman.control.serve.service import COMPLETE, NoInstance, Steersman
 from steersman.control.sim.profiles import load_profile
 from steersman.learners.corrector import LengthCorrector
 from steersman.learners.latency import LatencyModel, StepCoefficients
@@ -87,6 +87,30 @@ def test_queue_serves_shortest_predicted_first():
     assert finished == ["blocker", "short", "long"]
     assert len(record.rows["requests"]) == 3
     assert all(r["error"] is None for r in record.rows["requests"])
+
+
+def test_a_complete_answer_is_accounted_once_the_caller_has_responded():
+    async def main():
+        svc, record = service([sim("a")])
+        body = {"model": "m", "prompt": "hello", "max_tokens": 4}
+        plain = [c async for c in svc.run(await svc.prepare("plain", "completion", body))]
+        chunks = svc.run(await svc.prepare("first", "completion", body), respond_first=True)
+        seen = []
+        async for chunk in chunks:
+            seen.append(chunk)
+            if chunk is COMPLETE:
+                break
+        before = (svc.scheduler.in_flight("a"), len(record.rows["requests"]))
+        await chunks.aclose()
+        after = (svc.scheduler.in_flight("a"), len(record.rows["requests"]))
+        return plain, seen, before, after, record.rows["requests"][-1]
+
+    plain, seen, before, after, row = asyncio.run(main())
+    assert COMPLETE not in plain and len(plain) == len(seen) - 1
+    assert seen[-1] is COMPLETE and COMPLETE not in seen[:-1]
+    assert before == (1, 1)  # answered, not yet accounted
+    assert after == (0, 2)
+    assert row["request_id"] == "first" and row["error"] is None and row["actual_tokens"] == 4
 
 
 def test_aging_lets_a_long_wait_win():

@@ -1,0 +1,117 @@
+"""Intake: a request's body made into the loop's ``Job`` (the core's arrival, the history row)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from steersman.control.core.prefix import SEGMENT_TOKENS, token_segments
+from steersman.control.core.records import RequestRecord
+from steersman.control.core.scheduler import Arrival, Assignment
+from steersman.control.serve.predictor import Prediction
+from steersman.learners.features import conversation_text, prompt_text
+
+log = logging.getLogger(__name__)
+
+Tokenize = Callable[[str], Sequence[int]]
+
+
+@dataclass
+class Job:
+    """One request on its way through the loop."""
+
+    request_id: str
+    kind: str  # "completion" or "chat"
+    body: dict[str, Any]
+    prediction: Prediction
+    arrival: Arrival
+    record: RequestRecord
+    assignment: Assignment | None = None
+    retries: int = 0
+
+
+def text_of(kind: str, body: dict[str, Any]) -> tuple[str, int]:
+    """The text the length model reads, and the number of turns."""
+    if kind == "chat":
+        return prompt_text(messages=body.get("messages"))
+    return prompt_text(prompt=body.get("prompt"))
+
+
+def max_tokens_of(body: dict[str, Any]) -> int | None:
+    """The client's ``max_tokens`` (or ``max_completion_tokens``) when it is a positive int.
+
+    >>> max_tokens_of({"max_tokens": 16}), max_tokens_of({"max_tokens": -1}), max_tokens_of({})
+    (16, None, None)
+    """
+    raw = body.get("max_tokens") or body.get("max_completion_tokens")
+    return raw if isinstance(raw, int) and raw > 0 else None
+
+
+def token_ids(kind: str, body: dict[str, Any], tokenize: Tokenize | None) -> Sequence[int]:
+    """The whole input's tokens (every turn of a chat), or none without a tokenizer."""
+    prompt = body.get("prompt")
+    if kind != "chat" and isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        return prompt  # token ids already
+    if tokenize is None:
+        return ()
+    if kind == "chat":
+        text = conversation_text(messages=body.get("messages"))
+    else:
+        text = conversation_text(prompt=prompt)
+    try:
+        return tokenize(text)
+    except Exception:  # a tokenizer hiccup costs the prefix, not the request
+        log.debug("tokenizing the prompt failed", exc_info=True)
+        return ()
+
+
+def make_job(
+    request_id: str,
+    kind: str,
+    body: dict[str, Any],
+    p: Prediction,
+    received: float,
+    *,
+    tokenize: Tokenize | None,
+    store_prompts: bool,
+    max_tokens_is_length: bool,
+    model_version: str | None,
+) -> Job:
+    """The request as the core sees it (``Arrival``) and as the history will (``RequestRecord``).
+
+    With ``max_tokens_is_length`` (replays), ``max_tokens`` is the true length, not a cap.
+    """
+    text, _ = text_of(kind, body)
+    max_tokens = max_tokens_of(body)
+    ids = token_ids(kind, body, tokenize)
+    arrival = Arrival(
+        request_id,
+        len(ids) if ids else p.prompt_tokens or 0,
+        p.x,
+        request_class=p.request_class,
+        max_tokens=None if max_tokens_is_length else max_tokens,
+        true_tokens=max_tokens if max_tokens_is_length else None,
+        prefix=token_segments(ids, SEGMENT_TOKENS),
+        segment_tokens=SEGMENT_TOKENS,
+    )
+    record = RequestRecord(
+        request_id,
+        received,
+        request_class=p.request_class,
+        prompt_tokens=p.prompt_tokens,
+        prompt_sha256=sha256(text),
+        prompt_text=text if store_prompts else None,
+        features=p.x,
+        max_tokens=max_tokens,
+        predictor_path=p.path,
+        base_prediction=p.base,
+        model_version=model_version,
+    )
+    return Job(request_id, kind, body, p, arrival, record)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
