@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import subprocess
 import time
@@ -59,9 +60,15 @@ def test_its_doctests_hold_in_the_vllm_environment():
 
 
 async def _generate(
-    client: httpx.AsyncClient, url: str, tokens: int, predicted: int, rng: random.Random
-) -> list[float]:
-    """One request (its own prompt, so no prefix is shared); the arrival time of each token."""
+    client: httpx.AsyncClient,
+    url: str,
+    tokens: int,
+    predicted: int,
+    rng: random.Random,
+    started: asyncio.Event | None = None,
+) -> tuple[list[float], int]:
+    """One request (its own prompt, so no prefix is shared): when each chunk arrived, and the
+    tokens generated (a chunk can carry several when the server runs ahead of its reader)."""
     body = {
         "model": "tiny",
         "prompt": [rng.randrange(7, 1000) for _ in range(16)],
@@ -72,12 +79,27 @@ async def _generate(
         "vllm_xargs": {"steersman_predicted_tokens": predicted},
     }
     times: list[float] = []
+    generated = 0
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
-            if line.startswith("data: {") and '"text"' in line:
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            generated = (chunk.get("usage") or {}).get("completion_tokens", generated)
+            if chunk.get("choices"):
                 times.append(time.monotonic())
-    return times
+                if started is not None:
+                    started.set()
+    return times, generated
+
+
+async def _until_waiting(client: httpx.AsyncClient, url: str, n: int) -> None:
+    """Until the server's waiting queue holds ``n`` requests (its /metrics)."""
+    deadline = time.monotonic() + 60
+    while (await scrape(client, url, timeout_s=10)).waiting != n:
+        assert time.monotonic() < deadline, f"the waiting queue never held {n}"
+        await asyncio.sleep(0.01)  # polls the condition; each scrape is a round trip
 
 
 def test_the_waiting_queue_serves_the_shortest_prediction_first(servers):
@@ -88,19 +110,21 @@ def test_the_waiting_queue_serves_the_shortest_prediction_first(servers):
         finished: list[str] = []
         async with httpx.AsyncClient(timeout=300) as client:
 
-            async def one(name: str, tokens: int, delay: float) -> None:
-                await asyncio.sleep(delay)
-                await _generate(client, url, tokens, tokens, rng)
+            async def one(name: str, tokens: int, started: asyncio.Event | None = None) -> None:
+                await _generate(client, url, tokens, tokens, rng, started)
                 finished.append(name)
 
-            # The blocker takes the one slot; two long requests, then two short ones, wait.
-            await asyncio.gather(
-                one("blocker", 200, 0.0),
-                one("long-1", 120, 0.2),
-                one("long-2", 120, 0.25),
-                one("short-1", 4, 0.3),
-                one("short-2", 4, 0.35),
-            )
+            # The blocker takes the one slot; two long requests, then two short ones, queue
+            # behind it in that order (the queue holding all four shows the blocker still runs).
+            running = asyncio.Event()
+            tasks = [asyncio.create_task(one("blocker", 1000, running))]
+            await running.wait()
+            for k, (name, tokens) in enumerate(
+                [("long-1", 120), ("long-2", 120), ("short-1", 4), ("short-2", 4)], start=1
+            ):
+                tasks.append(asyncio.create_task(one(name, tokens)))
+                await _until_waiting(client, url, k)
+            await asyncio.gather(*tasks)
         return finished
 
     finished = asyncio.run(main())
@@ -113,7 +137,7 @@ def test_a_kv_starved_server_preempts_the_longest_predicted_remaining(servers):
     url = servers[1].url
     rng = random.Random(2)
 
-    async def main() -> dict[str, list[float]]:
+    async def main() -> dict[str, tuple[list[float], int]]:
         async with httpx.AsyncClient(timeout=300) as client:
             before = (await scrape(client, url, timeout_s=10)).preemptions_total or 0.0
             # Three requests of 400 tokens need 12 blocks of KV cache; there are 9. vLLM's
@@ -128,8 +152,9 @@ def test_a_kv_starved_server_preempts_the_longest_predicted_remaining(servers):
         assert after > before, "the KV cache never ran out"
         return dict(zip(("long", "mid", "short"), runs, strict=True))
 
-    runs = asyncio.run(main())
-    assert all(len(t) == 400 for t in runs.values())
+    done = asyncio.run(main())
+    assert {name: generated for name, (_, generated) in done.items()} == dict.fromkeys(done, 400)
+    runs = {name: times for name, (times, _) in done.items()}
     stall = {name: max(b - a for a, b in itertools.pairwise(t)) for name, t in runs.items()}
     ended = {name: t[-1] for name, t in runs.items()}
     assert max(stall, key=stall.__getitem__) == "long", stall  # recomputed after the others
