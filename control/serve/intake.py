@@ -72,6 +72,7 @@ def make_job(
     request_id: str,
     kind: str,
     body: dict[str, Any],
+    text: str,
     p: Prediction,
     received: float,
     *,
@@ -82,9 +83,9 @@ def make_job(
 ) -> Job:
     """The request as the core sees it (``Arrival``) and as the history will (``RequestRecord``).
 
-    With ``max_tokens_is_length`` (replays), ``max_tokens`` is the true length, not a cap.
+    ``text`` is what the length model read (``text_of``). With ``max_tokens_is_length``
+    (replays), ``max_tokens`` is the true length, not a cap.
     """
-    text, _ = text_of(kind, body)
     max_tokens = max_tokens_of(body)
     ids = token_ids(kind, body, tokenize)
     arrival = Arrival(

@@ -105,6 +105,7 @@ class Steersman:
             request_id,
             kind,
             body,
+            text,
             p,
             received,
             tokenize=self.tokenize,
