@@ -44,9 +44,9 @@ class InstanceSettings(_Section):
     predictions: bool = Field(
         default=False,
         description="With priority: also send steersman_predicted_tokens, which steersman's "
-        "--scheduler-cls reads to reorder running requests and choose victims by predicted "
-        "remaining length. Off by default: vLLM's built-in priority policy, fed steersman's "
-        "priorities, measured as well or better (docs/benchmarks.md).",
+        "--scheduler-cls reads to order the waiting queue and choose preemption victims by "
+        "predicted remaining length. Off by default: vLLM's built-in priority policy, fed "
+        "steersman's priorities, measured as well or better (docs/benchmarks.md).",
     )
 
     @field_validator("sim", "profile")
