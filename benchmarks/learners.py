@@ -1,13 +1,20 @@
-"""Learner evidence: drift correction, inference latency, River cost.
+"""Learner evidence: the served length model scored in order, the prefix prior, serving cost.
 
-Run from the repository root after training on alpaca + codealpaca:
-    steersman train --bundled alpaca,codealpaca --out /tmp/rob-ac --epochs 3 --time-budget 300
-    python -m benchmarks.learners --model /tmp/rob-ac [--rows 1000]
-Serves AlpacaEval prompts in file order to the model trained on other data and prints one JSON
-object: rolling MAE (last 200 requests) of the uncorrected and the River-corrected prediction
-after 200 and --rows requests (target: corrected at most half the uncorrected at 1,000), the
-overall scores per path, RoBERTa inference latency P50/P99 at batch 1 and 32, and the
-corrector's learn+predict time per request (target < 100 microseconds).
+Run from the repository root with the model `steersman demo` (or `steersman bench`) trains:
+    python -m benchmarks.learners --model ~/.local/share/steersman/models/demo-minilm
+Prints one JSON object:
+- ``alpaca_eval``: the held-out AlpacaEval prompts (never trained on) served in file order, once
+  per answering model (a pool serves one model and learns from its history), each through a
+  fresh online corrector: Kendall tau, within-30% and band coverage of the base model, the
+  corrected prediction and the fast path, as the mean over the 12 models and for each; and the
+  12 models' answers served interleaved through one corrector (pooled).
+- ``data``: the same for any prompt/response file given with ``--data`` (prompts of a kind the
+  repository does not hold).
+- ``mooncake``: the hashed Mooncake trace (shared prefixes, real output lengths, no text) served
+  in order: tau over its later half of the prefix prior alone, and of the fast path with and
+  without it.
+- ``inference``: the model served as the daemon serves it (int8, traced, one thread), batch 1 and
+  32, P50/P99 per request; and the corrector's learn + predict time per request.
 """
 
 from __future__ import annotations
@@ -15,80 +22,167 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
+from scipy.stats import kendalltau
+
+from steersman.control.harness.prefix import load_hashed_trace
 from steersman.control.harness.replay import percentile
+from steersman.control.training.bundled import bundled_records, held_out
 from steersman.data import path
-from steersman.learners.corrector import BASE_KEY, LengthCorrector
-from steersman.learners.datasets import load_prompt_set
+from steersman.learners.corrector import BASE_KEY, PREFIX_KEY, LengthCorrector
+from steersman.learners.datasets import PromptRecord, load_prompt_set
 from steersman.learners.evaluation import evaluate
 from steersman.learners.features import request_features
-from steersman.learners.hf import RobertaLengthModel
+from steersman.learners.hf import LengthModel
+from steersman.learners.prefix_prior import PrefixPrior
 from steersman.learners.tokens import TokenCounter
 
 ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE_SEGMENT = 512  # tokens a hash id names in the trace
+
+
+def served_in_order(records: list[PromptRecord], counter: TokenCounter, base: dict[str, float]):
+    """``evaluate`` over the records in their order: the scores of each path and its bands."""
+    prompts = [r.prompt for r in records]
+    actual = counter.count_many([r.response for r in records])
+    result = evaluate(
+        prompts,
+        actual,
+        counter.count_many(prompts),
+        [base[p] for p in prompts],
+        checkpoints=(len(records),),
+    )
+    out = {name: _brief(got) for name, got in result["overall"].items()}
+    for name, band in result["band"].items():
+        out[name]["band_coverage"] = band["coverage"]
+    return out
+
+
+def by_model(records: list[PromptRecord], counter: TokenCounter, base: dict[str, float]):
+    models: dict[str, list[PromptRecord]] = {}
+    for r in records:
+        models.setdefault(r.source.split("/", 1)[-1], []).append(r)
+    each = {m: served_in_order(rs, counter, base) for m, rs in sorted(models.items())}
+    mean = {
+        path: {
+            k: round(statistics.fmean(e[path][k] for e in each.values()), 3)
+            for k in next(iter(each.values()))[path]
+        }
+        for path in next(iter(each.values()))
+    }
+    return {"models": len(each), "mean_within_model": mean, "per_model": each}
+
+
+def mooncake(rows: int) -> dict[str, Any]:
+    """The prefix prior on the hashed Mooncake trace, served in order: tau over the later half."""
+    trace = load_hashed_trace(path("mooncake_hashes")).rows[:rows]
+    prior = PrefixPrior()
+    plain, steered = LengthCorrector(prior_entries=0), LengthCorrector()
+    got: dict[str, list[tuple[float, float]]] = {"prior": [], "fast": [], "fast_with_prior": []}
+    logs: list[float] = []
+    shared = 0
+    for k, row in enumerate(trace):
+        segments = tuple(row.hash_ids)
+        y = max(row.output_tokens, 0)
+        x = dict(request_features("", prompt_tokens=row.input_tokens))
+        found = prior.predict_one(segments)
+        shared += found is not None and found.depth >= 2
+        mean = statistics.fmean(logs) if logs else 0.0
+        with_prior = steered.with_prior({**x, PREFIX_KEY: segments}, MOONCAKE_SEGMENT)
+        guesses = {
+            "prior": math.expm1(found.mean if found is not None else mean),
+            "fast": plain.predict_one(x),
+            "fast_with_prior": steered.predict_one(with_prior),
+        }
+        if k >= len(trace) // 2:
+            for name, value in guesses.items():
+                got[name].append((value, y))
+        prior.learn_one(segments, y)
+        plain.learn_one(x, y)
+        steered.learn_one(with_prior, y)
+        logs.append(math.log1p(y))
+    taus = {name: _tau(pairs) for name, pairs in got.items()}
+    return {
+        "rows": len(trace),
+        "scored": len(got["prior"]),
+        "share_with_a_shared_prefix_of_2_blocks": round(shared / max(len(trace), 1), 3),
+        "kendall_tau_later_half": taus,
+        "prior_gain": round(taus["fast_with_prior"] - taus["fast"], 3),
+    }
+
+
+def inference(model_dir: Path, prompts: list[str]) -> dict[str, Any]:
+    served = LengthModel.load(model_dir, quantize=True, compiled=True, threads=1)
+    out: dict[str, Any] = {}
+    for batch in (1, 32):
+        for i in range(0, 5 * batch, batch):  # warm-up
+            served.predict_log(prompts[i : i + batch])
+        times = []
+        for i in range(0, min(len(prompts), 200 * batch), batch):
+            started = time.perf_counter()
+            served.predict_log(prompts[i : i + batch])
+            times.append((time.perf_counter() - started) / batch)
+        out[f"batch_{batch}"] = {
+            "p50_ms_per_request": round(1000 * percentile(times, 0.5), 3),
+            "p99_ms_per_request": round(1000 * percentile(times, 0.99), 3),
+        }
+    corrector = LengthCorrector()
+    xs = [{**request_features(p), BASE_KEY: 100.0 + len(p)} for p in prompts[:1000]]
+    started = time.perf_counter()
+    for x in xs:
+        corrector.predict_band(x)
+        corrector.learn_one(x, 50 + len(x))
+    out["corrector_learn_predict_us"] = round(1e6 * (time.perf_counter() - started) / len(xs), 1)
+    return out
+
+
+def _tau(pairs: list[tuple[float, float]]) -> float | None:
+    if len(pairs) < 3:
+        return None
+    tau = kendalltau([p for p, _ in pairs], [a for _, a in pairs]).statistic
+    return None if math.isnan(tau) else round(float(tau), 3)
+
+
+def _brief(got: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(got[k], 3) for k in ("kendall_tau", "within_30") if got[k] is not None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--tokenizer", type=Path, default=ROOT / ".cache" / "tiny-model")
+    parser.add_argument("--data", type=Path, help="More prompt/response JSONL, served in order.")
+    parser.add_argument("--mooncake-rows", type=int, default=12_031)
     args = parser.parse_args()
 
-    records = load_prompt_set(path("alpaca_eval"))[0][: args.rows]
     counter = TokenCounter(args.tokenizer)
-    actual = counter.count_many([r.response for r in records])
-    prompt_tokens = counter.count_many([r.prompt for r in records])
-    model = RobertaLengthModel.load(args.model)
-    prompts = [r.prompt for r in records]
-    base = []
-    for i in range(0, len(prompts), 32):
-        base += [max(1.0, math.expm1(v)) for v in model.predict_log(prompts[i : i + 32])]
-    result = evaluate(prompts, actual, prompt_tokens, base, checkpoints=(200, args.rows))
-
-    latency = {}
-    for batch in (1, 32):
-        times = []
-        for i in range(0, min(len(prompts), 40 * batch), batch):
-            started = time.perf_counter()
-            model.predict_log(prompts[i : i + batch])
-            times.append((time.perf_counter() - started) / batch)
-        latency[f"batch_{batch}"] = {
-            "p50_ms_per_request": round(1000 * percentile(times, 0.5), 3),
-            "p99_ms_per_request": round(1000 * percentile(times, 0.99), 3),
-        }
-
-    corrector = LengthCorrector()
-    xs = [
-        {**request_features(p, prompt_tokens=t), BASE_KEY: b}
-        for p, t, b in zip(prompts, prompt_tokens, base, strict=True)
-    ]
-    started = time.perf_counter()
-    for x, y in zip(xs, actual, strict=True):
-        corrector.predict_one(x)
-        corrector.learn_one(x, y)
-    river_us = 1e6 * (time.perf_counter() - started) / len(xs)
-
-    rolling = result["rolling_mae"]
-    print(
-        json.dumps(
-            {
-                "benchmark": "learners",
-                "rows": len(records),
-                "rolling_mae_200": rolling.get(200),
-                f"rolling_mae_{args.rows}": rolling.get(args.rows),
-                "corrected_over_base_at_end": round(
-                    rolling[args.rows]["corrected"] / rolling[args.rows]["base"], 3
-                ),
-                "overall": result["overall"],
-                "drift_events": result["drift_events"],
-                "inference": latency,
-                "corrector_learn_predict_us": round(river_us, 1),
-            }
-        )
-    )
+    _, held = held_out(bundled_records())
+    evals = [r for r in held if r.source.startswith("alpaca_eval/")]
+    extra = load_prompt_set(args.data)[0] if args.data else []
+    model = LengthModel.load(args.model)
+    texts = sorted({r.prompt for r in [*evals, *extra]})
+    predicted = model.predict_many(texts)
+    base = {t: max(1.0, math.expm1(v)) for t, v in zip(texts, predicted, strict=True)}
+    meta = json.loads((args.model / "steersman.json").read_text())
+    result: dict[str, Any] = {
+        "benchmark": "learners",
+        "model": str(args.model),
+        "base_model": meta.get("base_model"),
+        "alpaca_eval": {
+            "prompts": len({r.prompt for r in evals}),
+            **by_model(evals, counter, base),
+            "pooled": served_in_order(evals, counter, base),
+        },
+        "mooncake": mooncake(args.mooncake_rows),
+        "inference": inference(args.model, [r.prompt for r in held]),
+    }
+    if extra:
+        result["data"] = {"file": str(args.data), **served_in_order(extra, counter, base)}
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

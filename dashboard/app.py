@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import pandas as pd
 import streamlit as st
@@ -36,6 +37,14 @@ WINDOWS = {
 }
 
 
+@dataclass(frozen=True)
+class Window:
+    """The span a page shows: from ``since`` (None: the whole history) to ``until``."""
+
+    since: datetime | None
+    until: datetime
+
+
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="steersman dashboard")
     parser.add_argument("--db", required=True)
@@ -59,7 +68,8 @@ def _fmt(value, unit: str = "", digits: int = 3) -> str:
     return f"{value:.{digits}g}{unit}"
 
 
-def overview(engine, since) -> None:
+def overview(engine, window: Window) -> None:
+    since = window.since
     st.title("Overview")
     reqs, evts = data.requests(engine, since), data.events(engine, since)
     o = data.overview(reqs, evts, data.models(engine))
@@ -91,7 +101,8 @@ def overview(engine, since) -> None:
         st.warning("TTFT P95 > 2x P50: tail latency is growing")
 
 
-def predictions(engine, since) -> None:
+def predictions(engine, window: Window) -> None:
+    since = window.since
     st.title("Predictions")
     reqs = data.requests(engine, since)
     done = reqs[reqs["actual_tokens"].notna()] if len(reqs) else reqs
@@ -126,13 +137,17 @@ def predictions(engine, since) -> None:
         st.caption("None in this window.")
 
 
-def controller(engine, since) -> None:
+def controller(engine, window: Window) -> None:
+    since = window.since
     st.title("Controller")
     evts = data.events(engine, since)
-    periods = data.fallback_periods(evts, data.now_utc())
+    periods = data.fallback_periods(evts, window.until)
     st.subheader(f"FALLBACK periods: {len(periods)}")
+    timeline = data.mode_periods(evts, since, window.until)
+    if len(timeline):
+        start = since if since is not None else timeline["start"].min()
+        _chart(charts.mode_timeline(timeline, start, window.until))
     if len(periods):
-        _chart(charts.fallback_timeline(periods))
         st.dataframe(periods, hide_index=True)
     else:
         st.caption("No FALLBACK in this window.")
@@ -153,7 +168,8 @@ def controller(engine, since) -> None:
         st.caption("Compensation has not changed in this window (a = 1.2, b = 10 by default).")
 
 
-def gpus(engine, since) -> None:
+def gpus(engine, window: Window) -> None:
+    since = window.since
     st.title("GPUs")
     tel = data.telemetry(engine, since)
     if not len(tel):
@@ -179,7 +195,8 @@ def gpus(engine, since) -> None:
         st.caption("No throttle reasons reported.")
 
 
-def instances(engine, since) -> None:
+def instances(engine, window: Window) -> None:
+    since = window.since
     st.title("Instances")
     stats = data.instance_stats(engine, since)
     reqs = data.requests(engine, since)
@@ -219,7 +236,7 @@ def instances(engine, since) -> None:
         st.caption("No instance was marked down in this window.")
 
 
-def models(engine, _since) -> None:
+def models(engine, _window: Window) -> None:
     st.title("Models")
     rows = data.models(engine)
     if not len(rows):
@@ -257,10 +274,13 @@ def main() -> None:
             st.title(page)
             st.error(problem)
             return
-        span = WINDOWS[window]
-        since = None if span is None else data.now_utc() - span
+        now = data.now_utc()
         try:
-            RENDER[page](engine, since)
+            since, note = data.window_start(WINDOWS[window], now, data.last_activity(engine))
+            until = now if note is None else since + WINDOWS[window]
+            if note:
+                st.info(note)
+            RENDER[page](engine, Window(since, until))
         except SQLAlchemyError as exc:
             st.error(f"The database failed a query: {str(getattr(exc, 'orig', exc)).strip()}")
 

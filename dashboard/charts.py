@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import pandas as pd
 
@@ -42,14 +44,19 @@ def error_histogram(done: pd.DataFrame) -> alt.Chart:
     )
 
 
-def fallback_timeline(periods: pd.DataFrame) -> alt.Chart:
+def mode_timeline(periods: pd.DataFrame, start: Any, end: Any) -> alt.Chart:
+    """NORMAL and FALLBACK periods as one bar across the whole window."""
     return (
         alt.Chart(periods)
-        .mark_bar(color="#d62728", height=24)
+        .mark_bar(height=24)
         .encode(
-            x=alt.X("start:T", title="time"),
+            x=alt.X("start:T", title="time", scale=alt.Scale(domain=[start, end])),
             x2="end:T",
-            tooltip=["start:T", "end:T", "reason", "ended"],
+            color=alt.Color(
+                "mode:N",
+                scale=alt.Scale(domain=["NORMAL", "FALLBACK"], range=["#2ca02c", "#d62728"]),
+            ),
+            tooltip=["mode", "start:T", "end:T"],
         )
         .properties(height=80)
     )

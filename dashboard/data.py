@@ -5,11 +5,11 @@ No Streamlit here, so every number the pages show is testable on its own. Times 
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, inspect, select
+from sqlalchemy import Engine, func, inspect, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from steersman.storage.models import (
@@ -112,8 +112,8 @@ def instance_stats(engine: Engine, since: datetime | None) -> pd.DataFrame:
 def models(engine: Engine) -> pd.DataFrame:
     m = ModelVersionRow
     query = select(
-        m.version, m.created_at, m.kind, m.status, m.promoted_at, m.train_rows, m.val_rows,
-        m.metrics, m.path, m.notes,
+        m.version, m.created_at, m.kind, m.base_model, m.status, m.promoted_at, m.train_rows,
+        m.val_rows, m.metrics, m.path, m.notes,
     ).order_by(m.id.desc())  # fmt: skip
     return _frame(engine, query)
 
@@ -182,6 +182,90 @@ def accuracy_by(done: pd.DataFrame, column: str) -> pd.DataFrame:
         requests=("hit", "size"), within_30=("hit", "mean"), mae_tokens=("err", "mean")
     )
     return out.reset_index()
+
+
+def last_activity(engine: Engine) -> datetime | None:
+    """When the history last recorded a request or a controller event (None: it holds none)."""
+    with engine.connect() as conn:
+        got = [
+            conn.execute(select(func.max(RequestRow.received_at))).scalar(),
+            conn.execute(select(func.max(ControllerEventRow.ts))).scalar(),
+        ]
+    stamps = [pd.Timestamp(t).tz_localize(UTC) if pd.Timestamp(t).tzinfo is None
+              else pd.Timestamp(t) for t in got if t is not None]  # fmt: skip
+    return max(stamps).to_pydatetime() if stamps else None
+
+
+def window_start(
+    span: timedelta | None, now: datetime, last: datetime | None
+) -> tuple[datetime | None, str | None]:
+    """Where the chosen window starts, and a note when it had to move: a window in which the
+    history recorded nothing (a demo an hour ago) shows the same span ending at the last
+    activity instead of an empty page.
+
+    >>> now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    >>> window_start(timedelta(hours=1), now, now - timedelta(minutes=5))[0].hour
+    11
+    >>> start, note = window_start(timedelta(hours=1), now, now - timedelta(hours=3))
+    >>> start.hour
+    8
+    >>> note.split(": ")[1]
+    'showing the 1 hour up to the last activity (09:00:00 UTC, 2026-12-01).'
+    >>> window_start(None, now, None)
+    (None, None)
+    """
+    if span is None:
+        return None, None
+    if last is None or last >= now - span:
+        return now - span, None
+    words = _span_words(span)
+    note = (
+        f"Nothing was recorded in the last {words}: showing the {words} up to the last activity "
+        f"({last:%H:%M:%S} UTC, {last:%Y-%m-%d})."
+    )
+    return last - span, note
+
+
+def _span_words(span: timedelta) -> str:
+    """A window's span as a person says it.
+
+    >>> _span_words(timedelta(minutes=15)), _span_words(timedelta(days=7))
+    ('15 minutes', '7 days')
+    """
+    seconds = int(span.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = seconds // size
+            return f"{n} {unit}{'s' * (n != 1)}"
+    return f"{seconds} seconds"
+
+
+def mode_periods(evts: pd.DataFrame, start: datetime | None, end: datetime) -> pd.DataFrame:
+    """The controller's NORMAL and FALLBACK periods from ``start`` (the window's start, or the
+    first event) to ``end``, back to back: what the timeline draws.
+
+    >>> t = pd.Timestamp("2026-12-01 12:00", tz="UTC")
+    >>> evts = pd.DataFrame({"ts": [t + pd.Timedelta(seconds=60), t + pd.Timedelta(seconds=102)],
+    ...                      "kind": ["mode", "mode"], "to_mode": ["FALLBACK", "NORMAL"]})
+    >>> p = mode_periods(evts, t.to_pydatetime(), (t + pd.Timedelta(minutes=10)).to_pydatetime())
+    >>> list(p["mode"]), [int((b - a).total_seconds()) for a, b in zip(p["start"], p["end"])]
+    (['NORMAL', 'FALLBACK', 'NORMAL'], [60, 42, 498])
+    """
+    modes = evts[evts["kind"] == "mode"] if len(evts) else evts
+    changes = [(e["ts"], e["to_mode"]) for _, e in modes.iterrows() if e["to_mode"]]
+    begin = pd.Timestamp(start) if start is not None else (changes[0][0] if changes else None)
+    rows: list[dict[str, Any]] = []
+    if begin is None:
+        return pd.DataFrame(rows, columns=["start", "end", "mode"])
+    # Before the window's first change the controller was in the other mode.
+    mode = ("NORMAL" if changes[0][1] == "FALLBACK" else "FALLBACK") if changes else "NORMAL"
+    at = begin
+    for ts, to in changes:
+        if ts > at:
+            rows.append({"start": at, "end": ts, "mode": mode})
+        at, mode = max(ts, at), to
+    rows.append({"start": at, "end": pd.Timestamp(end), "mode": mode})
+    return pd.DataFrame(rows, columns=["start", "end", "mode"])
 
 
 def fallback_periods(evts: pd.DataFrame, now: datetime) -> pd.DataFrame:

@@ -5,6 +5,11 @@ request features and telemetry; without one it is the fast feature-only predicto
 class's mean ``log1p(length)`` so far plus what the features say about the difference (so that
 even the fast path orders requests). A River ADWIN detector on the absolute log error flags drift.
 
+A prefix prior (``learners.prefix_prior``) remembers what earlier prompts that began the same way
+generated: ``with_prior(x)`` looks the prompt's segments up once, when the request arrives, and
+the point moves toward that prior as far as its evidence goes (the fast path's prior, a feature
+of the correction of the base model's).
+
 Beside the point, a band: the prediction times the ``(1 - c) / 2`` and ``(1 + c) / 2`` quantiles
 of ``log1p(actual) - log1p(predicted)`` over the class's recent requests (River's rolling
 quantiles: the jackknife's conformal interval, per class). It holds coverage ``c`` by construction
@@ -22,8 +27,13 @@ from river import compose, drift, linear_model, optim, preprocessing, stats, uti
 
 from steersman.learners.features import CLASSES
 from steersman.learners.metrics import ProgressiveScore
+from steersman.learners.prefix_prior import PrefixPrior
 
 BASE_KEY = "base_tokens"
+PREFIX_KEY = "prefix_segments"  # the prompt's segment hashes (learners.prefix_prior), a tuple
+PRIOR_MEAN = "prefix_log_mean"  # what with_prior found: the prior's mean log1p(tokens) ...
+PRIOR_WEIGHT = "prefix_weight"  # ... and how far to trust it, n / (n + prior_strength)
+_NOT_FEATURES = frozenset({BASE_KEY, PRIOR_MEAN, PRIOR_WEIGHT})
 DEFAULT_SPREAD = math.log(2.0)  # a class's band before it has outcomes: a factor of 2 each way
 
 
@@ -40,11 +50,12 @@ _NUMBER_TYPES = (float, int, bool)
 
 
 def _numeric(x: Mapping[str, Any]) -> dict[str, float]:
-    """Finite numbers only; the request class one-hot; the base prediction left out."""
+    """Finite numbers only; the request class one-hot; the base prediction and the prior left
+    out (they enter as what they say against the point, not as raw values)."""
     out: dict[str, float] = {}
     for key, value in x.items():
         if type(value) in _NUMBER_TYPES:
-            if key == BASE_KEY or (type(value) is float and not math.isfinite(value)):
+            if key in _NOT_FEATURES or (type(value) is float and not math.isfinite(value)):
                 continue
             out[key] = float(value) if abs(value) < 1e300 else (1e300 if value > 0 else -1e300)
         elif key == "request_class":
@@ -77,9 +88,9 @@ class LengthCorrector:
 
     def __init__(
         self,
-        lr: float = 0.02,
+        lr: float = 0.005,
         l2: float = 0.0,
-        intercept_lr: float = 0.05,
+        intercept_lr: float = 0.1,
         window: int = 200,
         drift_delta: float = 0.002,
         max_tokens: int = 32_768,
@@ -87,6 +98,9 @@ class LengthCorrector:
         coverage: float = 0.8,
         band_window: int = 500,
         band_min: int = 20,
+        prior_entries: int = 200_000,
+        prior_min_tokens: int = 64,
+        prior_strength: float = 2.0,
     ) -> None:
         self.lr = lr
         self.l2 = l2
@@ -98,6 +112,9 @@ class LengthCorrector:
         self.coverage = coverage
         self.band_window = band_window
         self.band_min = band_min
+        self.prior = PrefixPrior(prior_entries)
+        self.prior_min_tokens = prior_min_tokens  # a shorter shared start says little
+        self.prior_strength = prior_strength
         self.band_resets = 0  # bands that came out NaN or inverted: reset, never used
         self.bands: dict[str, tuple[stats.RollingQuantile, stats.RollingQuantile, int]] = {}
         self.class_means: dict[str, utils.Rolling] = {}
@@ -111,7 +128,29 @@ class LengthCorrector:
         self.drifts: list[int] = []  # the learn_one count at each detected drift
 
     def predict_one(self, x: Mapping[str, Any]) -> float:
-        return self._predict(_numeric(x), x)
+        return self._predict(x)
+
+    def with_prior(self, x: Mapping[str, Any], segment_tokens: int) -> dict[str, Any]:
+        """``x`` with what the prefix prior knows of the prompt's segments (``x[PREFIX_KEY]``,
+        each ``segment_tokens`` long): looked up once, when the request arrives, so that its
+        prediction and what is learned from its outcome read the same prior.
+
+        >>> c = LengthCorrector(prior_min_tokens=32)
+        >>> for k in range(20):
+        ...     c.learn_one({PREFIX_KEY: (1, 2, 3, 100 + k)}, 400)
+        ...     c.learn_one({PREFIX_KEY: (5, 6, 7, 200 + k)}, 20)
+        >>> a = c.with_prior({PREFIX_KEY: (1, 2, 3, 999)}, segment_tokens=16)
+        >>> b = c.with_prior({PREFIX_KEY: (5, 6, 7, 999)}, segment_tokens=16)
+        >>> round(c.predict_one(a)), round(c.predict_one(b))  # the fast path, from the prior
+        (350, 23)
+        """
+        out = dict(x)
+        segments = x.get(PREFIX_KEY)
+        got = self.prior.predict_one(segments) if isinstance(segments, tuple) else None
+        if got is not None and got.depth * segment_tokens >= self.prior_min_tokens:
+            out[PRIOR_MEAN] = got.mean
+            out[PRIOR_WEIGHT] = got.n / (got.n + self.prior_strength)
+        return out
 
     def predict_band(self, x: Mapping[str, Any]) -> Band:
         """The prediction with its band (see the module docstring)."""
@@ -135,32 +174,47 @@ class LengthCorrector:
         mean = self.class_means.get(str(x.get("request_class", "other")))
         return mean.get() if mean is not None and mean.obj.n else math.log1p(self.direct_prior)
 
-    def _predict(self, features: dict[str, float], x: Mapping[str, Any]) -> float:
+    def _inputs(self, x: Mapping[str, Any], base: float | None) -> tuple[dict[str, float], float]:
+        """(features, center) of one path: the correction of the base model's log length, or
+        without one the fast path's, around the class mean moved toward the prefix prior."""
+        features = _numeric(x)
+        anchor = math.log1p(max(base, 0.0)) if base is not None else self._class_mean(x)
+        prior, weight = _finite(x.get(PRIOR_MEAN)), _finite(x.get(PRIOR_WEIGHT))
+        if prior is None or weight is None:
+            return features, anchor
+        gap = weight * (prior - anchor)
+        features["prefix_gap"] = gap
+        return features, anchor if base is not None else anchor + gap
+
+    def _predict(self, x: Mapping[str, Any]) -> float:
         base = _finite(x.get(BASE_KEY))
+        features, center = self._inputs(x, base)
         if base is not None:
-            residual = self.residual.predict_one(features)
-            # A correction beyond a factor of e^3 (about 20) is not a correction.
-            log_pred = math.log1p(max(base, 0.0)) + max(-3.0, min(3.0, residual))
+            correction = self.residual.predict_one(features)
         else:
-            offset = self.direct.predict_one(features) if self.learned else 0.0
-            log_pred = self._class_mean(x) + max(-3.0, min(3.0, offset))
-        return self._clamp(log_pred, x.get("max_tokens"))
+            correction = self.direct.predict_one(features) if self.learned else 0.0
+        # A correction beyond a factor of e^3 (about 20) is not a correction.
+        return self._clamp(center + max(-3.0, min(3.0, correction)), x.get("max_tokens"))
 
     def learn_one(self, x: Mapping[str, Any], y: float) -> None:
         actual = _finite(y)
         if actual is None or actual < 0:
             return
-        features = _numeric(x)
         base = _finite(x.get(BASE_KEY))
-        predicted = self._predict(features, x)
+        predicted = self._predict(x)
         self.score.update(predicted, actual)
         target = math.log1p(actual)
         cls = str(x.get("request_class", "other"))
         self._learn_band(cls, target - math.log1p(predicted))
         if base is not None:
             self.base_score.update(base, actual)
-            self.residual.learn_one(features, target - math.log1p(max(base, 0.0)))
-        self.direct.learn_one(features, target - self._class_mean(x))
+            features, center = self._inputs(x, base)
+            self.residual.learn_one(features, target - center)
+        features, center = self._inputs(x, None)
+        self.direct.learn_one(features, target - center)
+        segments = x.get(PREFIX_KEY)
+        if isinstance(segments, tuple):
+            self.prior.learn_one(segments, actual)
         means = self.class_means.get(cls)
         if means is None:
             means = self.class_means[cls] = utils.Rolling(stats.Mean, window_size=500)

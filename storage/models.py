@@ -168,6 +168,7 @@ class ModelVersionRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     promoted_at: Mapped[datetime | None] = mapped_column(Timestamp)
     notes: Mapped[str | None] = mapped_column(Text)
+    base_model: Mapped[str | None] = mapped_column(Text)  # what it was fine-tuned from
 
     __table_args__ = (Index(None, "created_at"),)
 

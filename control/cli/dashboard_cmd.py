@@ -27,6 +27,7 @@ def streamlit_command(url: str, host: str, port: int, refresh_s: float) -> list[
         f"--server.port={port}",
         "--browser.gatherUsageStats=false",
         "--global.developmentMode=false",
+        "--client.toolbarMode=viewer",  # no Deploy button or developer menu for operators
         "--",
         "--db",
         url,

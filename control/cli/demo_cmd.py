@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from steersman.control.backends.vllm_server import ServerFailed, SetupError
 from steersman.control.backends.vllm_server import vllm_python as checked_vllm_python
+from steersman.control.cli.progress import StepProgress
 from steersman.control.serve.settings import Settings
 from steersman.control.training.tiny_model import served_model
 from steersman.learners.tokens import TokenCounter
@@ -83,13 +83,15 @@ def demo_command(
     console.print("building or reusing the tiny served model ...", markup=False)
     model_dir = served_model(data_dir)
     counter = TokenCounter(model_dir)
-    with _progress(console) as progress:
-        task = progress.add_task("length model", total=None, info="cached or training")
+    with StepProgress(console, "length model", info="cached or training") as progress:
 
         def tick(step: int, total: int, info: dict) -> None:
-            progress.update(task, completed=step, total=total, info=f"loss {info['loss']:.3f}")
+            progress.update(completed=step, total=total, info=f"loss {info['loss']:.3f}")
 
-        length_model = ensure_length_model(data_dir, counter, budget_s=train_budget, progress=tick)
+        demo_model = ensure_length_model(data_dir, counter, budget_s=train_budget, progress=tick)
+    length_model = demo_model.directory
+    verb = "trained" if demo_model.trained_now else "reusing"
+    console.print(f"length model: {verb} {length_model}, {demo_model.describe()}", markup=False)
     items = demo_workload(counter, rate, duration, seed)
     run_dir = data_dir / "demo" / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{backend.value}"
     # The servers share the machine's cores with the daemon: at nice 10 the length model's few
@@ -102,8 +104,7 @@ def demo_command(
         f"over {duration:g} s at {rate:g} req/s",
         markup=False,
     )
-    with _progress(console) as progress:
-        task = progress.add_task("requests", total=len(items), info="starting")
+    with StepProgress(console, "requests", total=len(items), info="starting") as progress:
         state: dict[str, Daemon] = {}
         failed = 0
 
@@ -119,7 +120,7 @@ def demo_command(
                     f"mode {snap['mode']}  queue {snap['queue_depth']}  "
                     f"within-30% {'-' if within is None else f'{within:.2f}'}  failed {failed}"
                 )
-            progress.update(task, advance=1, info=info)
+            progress.update(advance=1, info=info)
 
         try:
             summary = run_demo(
@@ -130,7 +131,7 @@ def demo_command(
                 on_serving=lambda d: state.update(daemon=d),
             )
         except (SetupError, ServerFailed, GatewayFailed) as exc:
-            progress.remove_task(task)  # nothing ran: no progress to show
+            progress.remove()  # nothing ran: no progress to show
             error = exc
         else:
             error = None
@@ -141,18 +142,6 @@ def demo_command(
         typer.echo(json.dumps(summary))
         return
     _print_summary(Console(), summary)
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
 
 
 def _print_summary(console: Console, s: dict) -> None:

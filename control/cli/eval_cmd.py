@@ -41,10 +41,10 @@ def eval_command(
     prompt_tokens = counter.count_many([r.prompt for r in records])
     base = None
     if model is not None:
-        from steersman.learners.hf import RobertaLengthModel  # torch: only with a model
+        from steersman.learners.hf import LengthModel  # torch: only with a model
 
         try:
-            roberta = RobertaLengthModel.load(model)
+            roberta = LengthModel.load(model)
         except ValueError as exc:
             typer.echo(str(exc), err=True)
             raise typer.Exit(2) from None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import sys
 from dataclasses import dataclass
 from enum import StrEnum
@@ -22,6 +21,7 @@ from steersman.control.cli.dashboard_cmd import dashboard_command
 from steersman.control.cli.demo_cmd import demo_command
 from steersman.control.cli.eval_cmd import eval_command
 from steersman.control.cli.example_config import example_toml
+from steersman.control.cli.logs import configure_logging
 from steersman.control.cli.model_cmd import model_app
 from steersman.control.cli.replay_cmd import replay_command
 from steersman.control.cli.serve_cmd import serve_command
@@ -226,5 +226,5 @@ def _print_result(columns: list[str], rows: list[tuple[Any, ...]], fmt: OutputFo
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging("WARNING", "WARNING")  # `serve` raises steersman's own to log_level
     app()

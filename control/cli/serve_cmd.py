@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 import typer
 
+from steersman.control.cli.logs import configure_logging
 from steersman.control.serve.settings import Settings
 
 
@@ -25,7 +25,7 @@ def serve_command(
             err=True,
         )
         raise typer.Exit(2)
-    logging.getLogger().setLevel(settings.log_level)
+    configure_logging(settings.log_level, settings.log_libraries)
     from steersman.control.backends.vllm_server import SetupError
     from steersman.control.serve.daemon import serve  # the heavy imports only for this command
 

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from steersman.control.cli.progress import StepProgress
 from steersman.control.serve.settings import Settings
 from steersman.control.training.length_model import (
     SMALL,
@@ -23,6 +23,7 @@ from steersman.control.training.length_model import (
 from steersman.control.training.retrain import history_records
 from steersman.control.training.tiny_model import served_model
 from steersman.data import PROMPT_SETS, path
+from steersman.learners.bases import Base, BaseModelError, check_directory, packaged
 from steersman.learners.datasets import PromptRecord, load_prompt_set
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
@@ -53,10 +54,14 @@ def train_command(
     base_model: Annotated[
         Path | None,
         typer.Option(
-            help="A local Hugging Face RoBERTa-family directory to fine-tune (roberta-base, "
-            "distilroberta-base); none trains a small one from scratch, offline."
+            help="A local Hugging Face encoder directory to fine-tune (roberta-base, a BERT, "
+            "MiniLM, MPNet or DeBERTa); default: the packaged all-MiniLM-L6-v2 where it is "
+            "installed, else a small RoBERTa trained from scratch."
         ),
     ] = None,
+    scratch: Annotated[
+        bool, typer.Option("--scratch", help="Train a small RoBERTa from scratch (no base).")
+    ] = False,
     tokenizer: Annotated[
         Path | None,
         typer.Option(
@@ -96,8 +101,10 @@ def train_command(
     compare: Annotated[
         bool,
         typer.Option(
-            help="Also train with the regression alone on the same split and report both, per "
-            "prompt set: Kendall tau, within-30% and MAE."
+            help="Train the scratch RoBERTa and the pretrained base, each with the regression "
+            "alone and with the ranking loss, on the same split, and report all four per prompt "
+            "set: Kendall tau (within each served model too), within-30% and MAE; the last "
+            "(the base with the ranking loss) is saved and registered."
         ),
     ] = False,
 ) -> None:
@@ -131,52 +138,62 @@ def train_command(
         err.print(f"too few usable rows to train on: {len(records)}", markup=False)
         raise typer.Exit(2)
     counter = None if lengths else TokenCounter(tokenizer or served_model(settings.data_dir))
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=err,
-    ) as progress:
-        task = progress.add_task("training", total=None, info="")
+    try:
+        base = _base(base_model, scratch)
+    except BaseModelError as exc:
+        err.print(f"error: --base-model: {exc}", markup=False)
+        raise typer.Exit(2) from None
+    if base.directory is None:
+        err.print(f"base: none, a RoBERTa trained from scratch ({base.reason})", markup=False)
+    else:
+        err.print(f"base: {base.name} ({base.directory})", markup=False)
+    if compare and base.directory is None:
+        err.print("--compare needs a pretrained base beside the scratch model", markup=False)
+        raise typer.Exit(2)
+    runs: list[tuple[str, Base, float]] = [("base", base, rank_weight)]
+    if compare:
+        none = Base("scratch RoBERTa", None)
+        runs = [("scratch RoBERTa", none, 0.0), ("scratch RoBERTa", none, rank_weight),
+                (base.name, base, 0.0), (base.name, base, rank_weight)]  # fmt: skip
+    results: list[tuple[str, float, TrainedModel]] = []
+    failure = None
+    for k, (label, start, weight) in enumerate(runs):
+        last = k == len(runs) - 1
+        with StepProgress(err, f"training {label}, ListMLE weight {weight:g}") as progress:
 
-        def tick(step: int, total: int, info: dict) -> None:
-            progress.update(
-                task,
-                completed=step,
-                total=total,
-                info=f"epoch {info['epoch']} loss {info['loss']:.3f}",
-            )
+            def tick(step: int, total: int, info: dict, progress=progress) -> None:
+                progress.update(
+                    completed=step, total=total,
+                    info=f"epoch {info['epoch']} loss {info['loss']:.3f}",
+                )  # fmt: skip
 
-        def train(weight: float, where: Path | None) -> TrainedModel:
-            return train_length_model(
-                records,
-                counter,
-                out_dir=where,
-                models_dir=settings.data_dir / "models",
-                lengths=lengths,
-                base_model=base_model,
-                scratch=SIZES[size],
-                epochs=epochs,
-                time_budget_s=time_budget,
-                val_fraction=val_fraction,
-                seed=seed,
-                progress=tick,
-                rank_weight=weight,
-            )
-
-        try:
-            baseline = train(0.0, None) if compare and rank_weight > 0 else None
-            trained = train(rank_weight, out)
-        except ValueError as exc:  # a base model that is not a RoBERTa-family encoder
-            failure = str(exc)
-        else:
-            failure = None
+            try:
+                trained = train_length_model(
+                    records,
+                    counter,
+                    out_dir=out if last else None,
+                    models_dir=settings.data_dir / "models",
+                    lengths=lengths,
+                    base_model=start.directory,
+                    base_name=start.name if start.directory is not None else None,
+                    scratch=SIZES[size],
+                    epochs=epochs,
+                    time_budget_s=time_budget,
+                    val_fraction=val_fraction,
+                    seed=seed,
+                    progress=tick,
+                    rank_weight=weight,
+                )
+            except ValueError as exc:  # a directory that is not an encoder: the reason
+                failure = str(exc)
+                progress.remove()
+                break
+        results.append((label, weight, trained))
     if failure is not None:
         err.print(f"error: {failure}", markup=False)
         raise typer.Exit(2)
-    if baseline is not None:
-        Console(width=120).print(_comparison(baseline, trained, rank_weight))
+    if compare:
+        Console(width=140).print(_comparison(results))
     target_dir, metrics, version = trained.directory, trained.metrics, trained.version
     try:
         engine = make_engine(settings.database_url)
@@ -195,21 +212,32 @@ def train_command(
     )
 
 
-def _comparison(regression: TrainedModel, combined: TrainedModel, weight: float) -> Table:
+def _base(base_model: Path | None, scratch: bool) -> Base:
+    """The base to fine-tune: the operator's directory (checked), none with --scratch, else the
+    packaged one where it is installed and intact."""
+    if scratch:
+        return Base("scratch RoBERTa", None, "--scratch")
+    if base_model is not None:
+        return Base(base_model.name, check_directory(base_model))
+    return packaged()
+
+
+def _comparison(results: list[tuple[str, float, TrainedModel]]) -> Table:
     table = Table(
-        "prompt set", "objective", "rows", "Kendall tau", "within 30%", "MAE (tokens)",
-        title="Validation on held-out prompt groups",
+        "prompt set", "start", "objective", "rows", "Kendall tau", "within 30%", "MAE (tokens)",
+        title="Validation on held-out prompt groups (AlpacaEval also within each served model)",
     )  # fmt: skip
-    for label, trained in (("regression", regression), (f"+ {weight:g} x ListMLE", combined)):
-        per_set = trained.metrics["val_per_set"]
-        overall = {
-            "n": trained.val_rows,
-            "kendall_tau": trained.metrics["val_kendall_tau"],
-            "within_30": trained.metrics["val_within_30"],
-            "mae": trained.metrics["val_mae_tokens"],
-        }
-        for name, got in [*per_set.items(), ("all", overall)]:
-            table.add_row(name, label, str(got["n"]), *(_num(got[k]) for k in
+    for label, weight, trained in results:
+        objective = "regression" if weight == 0 else f"+ {weight:g} x ListMLE"
+        m = trained.metrics
+        overall = {"n": trained.val_rows, "kendall_tau": m["val_kendall_tau"],
+                   "within_30": m["val_within_30"], "mae": m["val_mae_tokens"]}  # fmt: skip
+        rows = [*m["val_per_set"].items(), ("all", overall)]
+        within = m.get("val_within_model")
+        if within:
+            rows.append((f"within {within['models']} models", {**within, "n": "", "mae": None}))
+        for name, got in rows:
+            table.add_row(name, label, objective, str(got["n"]), *(_num(got[k]) for k in
                           ("kendall_tau", "within_30", "mae")))  # fmt: skip
     return table
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ from steersman.control.core.prefix import PrefixIndex, block_hashes
 from steersman.control.core.priority import priority_key, vllm_priority
 from steersman.control.core.running import InFlight
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
-from steersman.learners.corrector import BASE_KEY, Band
+from steersman.learners.corrector import BASE_KEY, PREFIX_KEY, Band
 from steersman.learners.metrics import InOrder, RankWindow
 from steersman.learners.remaining import RemainingLength, remaining
 
@@ -60,6 +60,7 @@ class _Entry:
     arrival: Arrival
     ticket: Ticket
     added_at: float
+    x: Mapping[str, Any]  # what the corrector predicted from (and learns from at the end)
     instance: str | None = None
     seq: int = 0  # arrival order
 
@@ -135,17 +136,27 @@ class Scheduler:
             raise ValueError(f"request {arrival.request_id!r} is already scheduled")
         if self.dispatch.admission != "none" and self.depth >= self.dispatch.max_queue:
             raise QueueFull(f"{self.depth} requests already waiting")
-        ticket = self._ticket(arrival, now)
-        self._entries[arrival.request_id] = _Entry(arrival, ticket, now, seq=next(self._arrivals))
+        x = self._features(arrival)
+        ticket = self._ticket(arrival, x, now)
+        entry = _Entry(arrival, ticket, now, x, seq=next(self._arrivals))
+        self._entries[arrival.request_id] = entry
         self._waiting += 1
         heapq.heappush(self._queue, (ticket.key, next(self._seq), arrival.request_id))
         heapq.heappush(self._ages, (now, next(self._seq), arrival.request_id))
         return ticket
 
-    def _ticket(self, arrival: Arrival, now: float) -> Ticket:
+    def _features(self, arrival: Arrival) -> Mapping[str, Any]:
+        """The request's features with its prompt's segments and what the corrector's prefix
+        prior knows of them, as of its arrival."""
+        if self.corrector is None or not arrival.prefix:
+            return arrival.x
+        x = {**arrival.x, PREFIX_KEY: arrival.prefix}
+        return self.corrector.with_prior(x, arrival.segment_tokens)
+
+    def _ticket(self, arrival: Arrival, x: Mapping[str, Any], now: float) -> Ticket:
         """The band is the corrector's (calibrated: misses are judged against it); the scheduled
         length is the point of it that compensation picks."""
-        band = self._predict(arrival)
+        band = self._predict(arrival, x)
         corrected = band.mid if math.isfinite(band.mid) else self.default_tokens
         cap = float(arrival.max_tokens) if arrival.max_tokens else math.inf
         low, high = (min(max(v, 1.0), cap) if math.isfinite(v) else corrected
@@ -175,12 +186,12 @@ class Scheduler:
             fcfs if self.priorities else 0,
         )
 
-    def _predict(self, arrival: Arrival) -> Band:
+    def _predict(self, arrival: Arrival, x: Mapping[str, Any]) -> Band:
         if self.dispatch.policy == "oracle" and arrival.true_tokens is not None:
             truth = float(arrival.true_tokens)
             return Band(truth, truth, truth)
         if self.corrector is not None:
-            return self.corrector.predict_band(arrival.x)
+            return self.corrector.predict_band(x)
         value = arrival.x.get(BASE_KEY, self.default_tokens)
         value = float(value) if _finite(value) else self.default_tokens
         return Band(value, value, value)
@@ -364,7 +375,7 @@ class Scheduler:
             self._waiting -= 1
         a, t = entry.arrival, entry.ticket
         if self.corrector is not None:
-            self.corrector.learn_one(a.x, outcome.actual)
+            self.corrector.learn_one(entry.x, outcome.actual)
         base = a.x.get(BASE_KEY)
         scored = _finite(base) and not outcome.cut_off
         self._ranked.put(entry.seq, (entry.added_at, base, outcome.actual) if scored else None)

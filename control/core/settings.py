@@ -123,10 +123,11 @@ class DispatchSettings(_Section):
         "queues come first and predicted latency and cached prefixes decide among the rest.",
     )
     engine_order: Literal["backlog", "always"] = Field(
-        default="backlog",
+        default="always",
         description="When vLLM gets length-ordered priorities (and steersman's scheduler class "
-        "the predicted lengths): backlog, only while steersman's queue is backlogged (the "
-        "engines saturated, where order pays); always, for every request (arrival order "
+        "the predicted lengths): always, for every request (vLLM then admits the shortest "
+        "first and preempts the longest when its KV cache runs out, before steersman's own "
+        "queue builds); backlog, only while steersman's queue is backlogged (arrival order "
         "otherwise).",
     )
     aging_s: float = Field(

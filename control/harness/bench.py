@@ -9,6 +9,7 @@ lengths with predictions that carry the length model's measured error (``lengths
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -169,13 +170,81 @@ def model_errors(counter: TokenCounter, predict_log: PredictLog, n: int, seed: i
 
 def unit_arrivals(kind: str, trace: Trace, n: int, seed: int) -> list[float]:
     """Arrival times at a mean rate of one request a second: the trace's shape ("trace"), or a
-    gamma process with a coefficient of variation ("gamma2" is 2, "gamma4" is 4)."""
+    gamma process with a coefficient of variation ("gamma2" is 2, "gamma4" is 4). More requests
+    than the trace holds take it again from another point, one pass after the other."""
     rng = random.Random(seed)
-    if kind == "trace":
-        return trace_arrivals(trace, n, 1.0, rng)
     if kind.startswith("gamma"):
         return gamma_arrivals(n, 1.0, float(kind[5:]), rng)
-    raise ValueError(f"unknown arrival process {kind!r}")
+    if kind != "trace":
+        raise ValueError(f"unknown arrival process {kind!r}")
+    out: list[float] = []
+    while len(out) < n:
+        take = min(n - len(out), len(trace.rows))
+        part = trace_arrivals(trace, take, 1.0, rng)
+        start = out[-1] + 1.0 if out else 0.0
+        out.extend(start + t for t in part)
+    return out
+
+
+@dataclass(frozen=True)
+class Steady:
+    """How a rate is measured at steady state, whatever the cluster holds: arrivals for
+    ``duration_s`` of simulated time (requests cycling through the workload's), the first
+    ``warmup_s`` left out of every figure, and the rate refused as unstable when the backlog
+    (requests waiting in steersman's queue and in the engines) still grows at the end: over
+    the last fifth of the measured arrivals its mean exceeds ``growth`` times the first
+    fifth's, plus one request per instance."""
+
+    duration_s: float = 180.0
+    warmup_s: float = 45.0
+    growth: float = 1.5
+
+    def window(self) -> tuple[float, float]:
+        return (self.warmup_s, self.duration_s)
+
+    def growing(self, samples: Sequence[tuple[float, int, int, float]], instances: int) -> bool:
+        """Whether the backlog was still growing (``samples``: the driver's time, steersman's
+        queue, the engines' queues, KV usage).
+
+        >>> Steady(100, 0).growing([(t, 0, 2, 0.5) for t in range(100)], 8)
+        False
+        >>> Steady(100, 0).growing([(t, t, 0, 1.0) for t in range(100)], 8)
+        True
+        """
+        lo, hi = self.window()
+        fifth = (hi - lo) / 5
+        first = [d + w for t, d, w, _ in samples if lo <= t < lo + fifth]
+        last = [d + w for t, d, w, _ in samples if hi - fifth <= t < hi]
+        if not first or not last:
+            return False
+        return statistics.fmean(last) > self.growth * statistics.fmean(first) + instances
+
+
+def steady_run(
+    name: str,
+    variant: Variant,
+    items: Sequence[Item],
+    trace: Trace,
+    rate: float,
+    profile: StepModel,
+    instances: int,
+    steady: Steady,
+    *,
+    kind: str = "trace",
+    seed: int = 0,
+    goodput: tuple[float, float] = (1.0, 0.1),
+) -> dict[str, Any]:
+    """One policy at ``rate`` for ``steady.duration_s`` of arrivals (the trace's shape, or a
+    gamma process), measured over the requests that arrived after the warm-up."""
+    n = max(2, math.ceil(rate * steady.duration_s))
+    times = [u / rate for u in unit_arrivals(kind, trace, n, seed)]
+    times = [t for t in times if t < steady.duration_s] or times[:2]
+    cycled = [items[i % len(items)] for i in range(len(times))]
+    run = run_sim(name, variant, cycled, times, profile, instances, goodput=goodput,
+                  window=steady.window())  # fmt: skip
+    run["stable"] = not steady.growing(run["samples"], instances)
+    run["window_s"] = list(steady.window())
+    return run
 
 
 def run_sim(
@@ -187,8 +256,10 @@ def run_sim(
     instances: int,
     *,
     goodput: tuple[float, float] = (1.0, 0.1),
+    window: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """One policy on one workload: every request's arrival at ``times[i]`` (seconds)."""
+    """One policy on one workload: every request's arrival at ``times[i]`` (seconds); the
+    figures are over the requests that arrived within ``window`` (all of them without one)."""
     requests, features = [], {}
     for i, (item, t) in enumerate(zip(items, times, strict=True)):
         rid = f"r{i}"
@@ -217,7 +288,11 @@ def run_sim(
     engines = [SimEngine(profile, variant.engine, aging) for _ in range(instances)]
     started = time.perf_counter()
     run = run_cluster(requests, engines, driver)
-    out = measure(run.finished, driver.dispatched, goodput)
+    measured = run.finished
+    if window is not None:
+        measured = [r for r in measured if window[0] <= r.arrival < window[1]]
+    out = measure(measured, driver.dispatched, goodput)
+    out["measured"] = len(measured)
     out["samples"] = driver.samples
     out["ttft_by_arrival"] = [
         (r.arrival, r.first_token_at - r.arrival) for r in run.finished if r.first_token_at
@@ -308,23 +383,37 @@ def capacity(
     name: str,
     variant: Variant,
     items: Sequence[Item],
-    unit: Sequence[float],
+    trace: Trace,
     profile: StepModel,
     instances: int,
     slo_ttft_p99_s: float,
+    steady: Steady,
+    *,
     start: float = 1.0,
+    near: float | None = None,
+    seed: int = 0,
 ) -> float:
-    """The highest arrival rate (to 2%) at which the policy keeps P99 TTFT within the bound."""
+    """The highest steady arrival rate (to 2%) at which the policy keeps P99 TTFT within the
+    bound and its backlog from growing (``steady``). ``near``, another policy's capacity,
+    starts the search at it and within a fifth of it (policies differ by less; the search
+    widens when the answer is outside), so a policy that holds the SLO at that rate is found
+    at least as capable."""
 
+    @functools.cache
     def ok(rate: float) -> bool:
-        run = run_sim(name, variant, items, [u / rate for u in unit], profile, instances)
-        return run["ttft_p99_s"] is not None and run["ttft_p99_s"] <= slo_ttft_p99_s
+        run = steady_run(name, variant, items, trace, rate, profile, instances, steady, seed=seed)
+        p99 = run["ttft_p99_s"]
+        return run["stable"] and p99 is not None and p99 <= slo_ttft_p99_s
 
+    step = 2.0
     low, high = start / 2, start
+    if near is not None:  # on the other policy's grid: a policy as good finds the same rate
+        step = 1.2
+        low, high = (near, near * step) if ok(near) else (near / step, near)
     while ok(high):
-        low, high = high, high * 2
+        low, high = high, high * step
     while not ok(low) and low > 1e-3:
-        low, high = low / 2, low
+        low, high = low / step, low
     while high / low > 1.02:
         mid = (low * high) ** 0.5
         low, high = (mid, high) if ok(mid) else (low, mid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 COLUMNS = (
@@ -27,7 +28,11 @@ RATIOS = ("norm_mean_s", "ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", 
 
 def report(results: dict[str, Any]) -> str:
     lines = ["# steersman bench", "", f"Command: `{results['command']}`", ""]
-    lines.append(f"Started {results['started_at']}; length model `{results['length_model']}`.")
+    base = f", {results['length_model_base']}" if results.get("length_model_base") else ""
+    lines.append(
+        f"Started {results['started_at']}; length model `{Path(results['length_model']).name}`"
+        f"{base}."
+    )
     if results.get("sim"):
         lines += sim_section(results["sim"])
     if results.get("real"):
@@ -64,6 +69,20 @@ def sim_section(sim: dict[str, Any]) -> list[str]:
             "",
             f"### {p['instances']} x {p['profile']} ({p['kv_capacity_tokens']:,} KV tokens each)",
             "",
+        ]
+        steady = p.get("steady_state")
+        if steady:
+            lines += [
+                f"Steady state: each rate of the capacity search, each steady level and the "
+                f"gamma arrivals run for {steady['duration_s']:g} s of simulated arrivals; the "
+                f"first {steady['warmup_s']:g} s are left out of every figure, and a rate whose "
+                "backlog (steersman's queue and the engines') still grows over the measured "
+                f"window (its last fifth above {steady['growth']:g}x its first, plus one request "
+                f"per instance) fails the SLO whatever its percentile. The burst replays "
+                f"{p['requests']:,} requests.",
+                "",
+            ]
+        lines += [
             "Capacity at the SLO, requests/s: "
             + ", ".join(f"{k} {v}" for k, v in p["capacity_at_slo_rps"].items()),
         ]

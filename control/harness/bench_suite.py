@@ -4,8 +4,11 @@ every policy on the identical requests and arrivals."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +22,17 @@ Say = Callable[[str], None]
 @dataclass(frozen=True)
 class SimOptions:
     instances: int = 8
-    requests: int = 5000
+    requests: int = 5000  # the burst scenario's; capacity and steady levels run for a duration
     lengths: str = "prompts"  # or "trace"
     scenarios: tuple[str, ...] = ("steady:0.8", "steady:0.95", "burst", "gamma2", "gamma4")
     policies: tuple[str, ...] = bench.STANDARD
     slo_ttft_s: float = 1.0
     goodput: tuple[float, float] = (1.0, 0.1)
     burst_s: float = 60.0
+    burst_repeats: int = 3
     seed: int = 0
+    steady: bench.Steady = field(default_factory=bench.Steady)
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # capacity searches at once
 
 
 def run_profile(
@@ -40,23 +46,37 @@ def run_profile(
 ) -> dict[str, Any]:
     n, k = len(items), options.instances
     variants = {p: bench.variants()[p] for p in options.policies}
-    unit = bench.unit_arrivals("trace", trace, n, options.seed)
-    capacity = {}
-    for name, variant in variants.items():
-        capacity[name] = round(
-            bench.capacity(name, variant, items, unit, profile, k, options.slo_ttft_s, 10.0), 2
-        )
-        say(
-            f"{profile_name}: capacity of {name} at P99 TTFT <= {options.slo_ttft_s:g} s: "
-            f"{capacity[name]} req/s"
-        )
-    base = capacity.get("least-load") or max(capacity.values())
+    steady = options.steady
+    capacity: dict[str, float] = {}
+
+    def search(name: str, near: float | None) -> Search:
+        return Search(name, variants[name], items, trace, profile, k, options, near)
+
+    raw: dict[str, float] = {}
+
+    def found(name: str, rate: float) -> None:
+        raw[name], capacity[name] = rate, round(rate, 2)
+        say(f"{profile_name}: capacity of {name} at P99 TTFT <= {options.slo_ttft_s:g} s: "
+            f"{capacity[name]} req/s")  # fmt: skip
+
+    # The prediction-free baseline first; the others are searched near it, side by side in
+    # worker processes (each search is independent and deterministic).
+    first = "least-load" if "least-load" in variants else next(iter(variants))
+    found(first, search(first, None)())
+    rest = [p for p in variants if p != first]
+    with _pool(options.workers) as pool:
+        searches = [search(p, raw[first]) for p in rest]  # the very rate, not its rounding
+        for name, rate in zip(rest, pool.map(Search.__call__, searches), strict=True):
+            found(name, rate)
+    capacity = {p: capacity[p] for p in variants}
+    base = raw.get("least-load") or max(raw.values())
     scenarios = []
     for scenario in options.scenarios:
-        times, detail = arrivals(scenario, trace, n, base, options)
         runs = {}
         for name, variant in variants.items():
-            run = bench.run_sim(name, variant, items, times, profile, k, goodput=options.goodput)
+            run, detail = scenario_run(
+                scenario, name, variant, items, trace, base, profile, options
+            )
             runs[name] = run
             say(line(profile_name, scenario, run))
         if scenario == "burst":
@@ -83,31 +103,140 @@ def run_profile(
         "profile": profile_name,
         "instances": k,
         "requests": n,
+        "steady_state": {
+            "duration_s": steady.duration_s,
+            "warmup_s": steady.warmup_s,
+            "growth": steady.growth,
+        },
         "kv_capacity_tokens": profile.num_blocks * profile.block_size,
         "capacity_at_slo_rps": capacity,
         "scenarios": scenarios,
     }
 
 
-def arrivals(
-    scenario: str, trace: Trace, n: int, capacity: float, options: SimOptions
-) -> tuple[list[float], str]:
-    """Arrival times for a scenario, relative to ``capacity`` (least-load's, at the SLO)."""
-    unit = bench.unit_arrivals("trace", trace, n, options.seed)
+def scenario_run(
+    scenario: str,
+    name: str,
+    variant: bench.Variant,
+    items: Sequence[bench.Item],
+    trace: Trace,
+    capacity: float,
+    profile: StepModel,
+    options: SimOptions,
+) -> tuple[dict[str, Any], str]:
+    """One policy in a scenario, at rates relative to ``capacity`` (least-load's, at the SLO):
+    steady levels and gamma arrivals measured at steady state; the burst, a fixed span of
+    ``options.requests`` requests whose queue builds and drains."""
+    k, steady = options.instances, options.steady
     if scenario.startswith("steady:"):
         level = float(scenario.split(":")[1])
-        return [u / (level * capacity) for u in unit], f"{level:.0%} of capacity"
+        run = bench.steady_run(name, variant, items, trace, level * capacity, profile, k, steady,
+                               seed=options.seed, goodput=options.goodput)  # fmt: skip
+        return run, f"{level:.0%} of capacity, steady state"
+    if scenario.startswith("gamma"):
+        rate, seed = 0.8 * capacity, options.seed
+        run = bench.steady_run(name, variant, items, trace, rate, profile, k, steady,
+                               kind=scenario, seed=seed, goodput=options.goodput)  # fmt: skip
+        return run, f"gamma arrivals, CV {scenario[5:]}, 80% of capacity, steady state"
     if scenario == "burst":
+        n = len(items)
         low, high = 0.7 * capacity, 1.5 * capacity
         start = 0.3 * n / low
         length = min(options.burst_s, 0.45 * n / high)  # the burst fits in the requests
-        detail = f"0.7x capacity, {length:.0f} s at 1.5x from {start:.0f} s"
-        return burst_arrivals(unit, low, high, start, length), detail
-    if scenario.startswith("gamma"):
-        rate = 0.8 * capacity
-        gamma = bench.unit_arrivals(scenario, trace, n, options.seed)
-        return [u / rate for u in gamma], f"gamma arrivals, CV {scenario[5:]}, 80% of capacity"
-    raise ValueError(f"unknown scenario {scenario!r}: steady:LEVEL, burst, gamma2 or gamma4")
+        repeats = options.burst_repeats
+        detail = (
+            f"0.7x capacity, {length:.0f} s at 1.5x from {start:.0f} s, mean of {repeats} runs "
+            "from different points of the trace"
+        )
+        runs = []
+        for seed in range(options.seed, options.seed + repeats):
+            unit = bench.unit_arrivals("trace", trace, n, seed)
+            times = burst_arrivals(unit, low, high, start, length)
+            runs.append(bench.run_sim(name, variant, items, times, profile, k,
+                                      goodput=options.goodput))  # fmt: skip
+        return mean_run(runs), detail
+    raise ValueError(check_scenario(scenario) or scenario)
+
+
+def mean_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of one policy as one: the mean of each figure (an overload is chaotic: a float's
+    last digit in one prediction changes which request is preempted, and a single run's figures
+    by several percent); per-request lists pooled, the first run's time series for plots.
+
+    >>> mean_run([{"policy": "a", "p99": 1.0, "all": [1]}, {"policy": "a", "p99": 3.0, "all": [2]}])
+    {'policy': 'a', 'p99': 2.0, 'all': [1, 2], 'repeats': 2}
+    """
+    first = runs[0]
+    out: dict[str, Any] = {}
+    for key, value in first.items():
+        values = [r[key] for r in runs]
+        if isinstance(value, bool) or key in ("samples", "ttft_by_arrival"):
+            out[key] = value
+        elif isinstance(value, int | float) and all(isinstance(v, int | float) for v in values):
+            mean = sum(values) / len(values)
+            out[key] = round(mean, 4) if isinstance(value, float) else round(mean, 1)
+        elif isinstance(value, list):
+            out[key] = [x for v in values for x in v]
+        else:
+            out[key] = value
+    out["repeats"] = len(runs)
+    return out
+
+
+@dataclass(frozen=True)
+class Search:
+    """One policy's capacity search, as a worker process receives it."""
+
+    name: str
+    variant: bench.Variant
+    items: Sequence[bench.Item]
+    trace: Trace
+    profile: StepModel
+    instances: int
+    options: SimOptions
+    near: float | None
+
+    def __call__(self) -> float:
+        o = self.options
+        return bench.capacity(
+            self.name, self.variant, self.items, self.trace, self.profile, self.instances,
+            o.slo_ttft_s, o.steady, start=10.0, near=self.near, seed=o.seed,
+        )  # fmt: skip
+
+
+def _pool(workers: int) -> Any:
+    """Worker processes (forked: they inherit the workload), or this process for one."""
+    if workers <= 1:
+        return _InProcess()
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+
+
+class _InProcess:
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return map(fn, *args)
+
+
+def check_scenario(scenario: str) -> str | None:
+    """Why a scenario name is not one (None when it is).
+
+    >>> check_scenario("steady:0.8"), check_scenario("gamma4"), check_scenario("steady:x")
+    (None, None, "unknown scenario 'steady:x': steady:LEVEL, burst, gamma2 or gamma4")
+    """
+    if scenario in ("burst", "gamma2", "gamma4"):
+        return None
+    if scenario.startswith("steady:"):
+        try:
+            if float(scenario.split(":", 1)[1]) > 0:
+                return None
+        except ValueError:
+            pass
+    return f"unknown scenario {scenario!r}: steady:LEVEL, burst, gamma2 or gamma4"
 
 
 def strip(run: dict[str, Any]) -> dict[str, Any]:

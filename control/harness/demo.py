@@ -92,7 +92,7 @@ def instances(config: DemoConfig) -> Iterator[list[dict[str, Any]]]:
         for server in servers:
             server.start()
         for server in servers:
-            server.wait_healthy(timeout_s=300)
+            server.wait_healthy(timeout_s=600)
         yield [
             {
                 "name": f"vllm-{k}",

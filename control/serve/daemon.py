@@ -36,7 +36,7 @@ from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
 from steersman.control.serve.service import Steersman
 from steersman.control.serve.settings import Settings
-from steersman.control.training.retrain import Retrainer
+from steersman.control.training.retrain import Retrainer, retrain_base
 from steersman.learners.corrector import LengthCorrector
 from steersman.learners.tokens import TokenCounter
 from steersman.storage import migrate
@@ -82,6 +82,7 @@ class Daemon:
             max_tokens=s.predictor.max_tokens,
             coverage=s.predictor.band_coverage,
             band_window=s.predictor.band_window,
+            prior_entries=s.predictor.prefix_prior_entries,
         )
         predictor = Predictor(
             deadline_s=s.predictor.deadline_ms / 1000, count_tokens=count, model_version=version
@@ -134,6 +135,7 @@ class Daemon:
             max_rows=s.jobs.retrain_rows,
             min_gain=s.jobs.retrain_min_gain,
             device=s.predictor.device,
+            base=retrain_base(s.predictor.base_model),
         )
         scheduled = s.jobs.retrain_interval_s or s.jobs.retrain_cron
         j = s.jobs
@@ -318,7 +320,7 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None) 
         daemon.app,
         host=host or g.host,
         port=bind_port,
-        log_level=settings.log_level.lower(),
+        log_level=settings.log_libraries.lower(),
         timeout_graceful_shutdown=g.drain_timeout_s,
         access_log=False,
     )

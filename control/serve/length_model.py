@@ -36,15 +36,8 @@ def load_length_model(
         if not promoted:
             return None, None, None
         directory, version = Path(promoted[-1]["path"]), promoted[-1]["version"]
-    from steersman.learners.hf import RobertaLengthModel  # torch loads only when needed
-
     try:
-        model = RobertaLengthModel.load(
-            directory,
-            device=settings.device,
-            quantize=settings.quantize,
-            threads=settings.threads,
-        )
+        model = _load(directory, settings)
     except Exception as exc:
         log.error("length model %s cannot be loaded (%s): using the fast predictor", directory, exc)
         return None, None, None
@@ -104,15 +97,8 @@ class ServedModel:
     def swap_from(self, directory: Path) -> bool:
         """Hot-swap to a model directory; one that does not load is refused, the current model
         stays and an event says why."""
-        from steersman.learners.hf import RobertaLengthModel
-
         try:
-            model = RobertaLengthModel.load(
-                directory,
-                device=self.settings.device,
-                quantize=self.settings.quantize,
-                threads=self.settings.threads,
-            )
+            model = _load(directory, self.settings)
         except Exception as exc:
             self.event("model", f"refused {directory}: {exc}", {"path": str(directory)})
             return False
@@ -122,6 +108,26 @@ class ServedModel:
     def close(self) -> None:
         if self.batcher is not None:
             self.batcher.close()
+
+
+def _load(directory: Path, settings: PredictorSettings) -> Any:
+    """A trained length model, ready to serve; a pretrained base whose head never learned is
+    refused (it would predict noise)."""
+    from steersman.learners.hf import LengthModel  # torch loads only when needed
+
+    model = LengthModel.load(
+        directory,
+        device=settings.device,
+        quantize=settings.quantize,
+        threads=settings.threads,
+        compiled=settings.quantize,
+    )
+    if not model.trained:
+        raise ValueError(
+            f"{directory}: a {model.model_type} encoder with no trained length head: fine-tune "
+            "it first (steersman train --base-model DIR)"
+        )
+    return model
 
 
 def _tokens_of(model: Any) -> Callable[[list[str]], list[float]]:

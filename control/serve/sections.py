@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from steersman.control.serve.jobs import check_cron
+from steersman.learners.bases import check_directory
 from steersman.storage.settings import AbsolutePath
 
 
@@ -135,7 +136,12 @@ class PredictorSettings(_Section):
         description="Benchmarks and the demo: clients set max_tokens to the true response "
         "length (with ignore_eos), so it is neither used as a hint nor treated as a cut-off.",
     )
-    corrector_lr: float = Field(default=0.02, gt=0, description="Corrector learning rate.")
+    corrector_lr: float = Field(
+        default=0.005,
+        gt=0,
+        description="Corrector learning rate of its feature weights (its offset per request "
+        "class learns faster); higher adapts to drift sooner and orders requests worse.",
+    )
     band_coverage: float = Field(
         default=0.8,
         gt=0,
@@ -149,6 +155,26 @@ class PredictorSettings(_Section):
     max_tokens: int = Field(
         default=32768, ge=1, description="Upper clamp of predictions without max_tokens."
     )
+    prefix_prior_entries: int = Field(
+        default=200_000,
+        ge=0,
+        description="Shared prompt prefixes whose answer lengths the prefix prior remembers "
+        "(least recently used go first; a few dozen bytes each); 0: no prefix prior. Needs "
+        "tokenizer_dir (prompts are hashed in the served model's tokens).",
+    )
+    base_model: AbsolutePath | None = Field(
+        default=None,
+        description="Pretrained encoder that retraining fine-tunes from (any local Hugging Face "
+        "encoder directory, e.g. roberta-base); empty: the packaged all-MiniLM-L6-v2 where it "
+        "is installed, else a RoBERTa trained from scratch.",
+    )
+
+    @field_validator("base_model")
+    @classmethod
+    def _base(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            check_directory(value)  # the file that is missing, named
+        return value
 
 
 class JobsSettings(_Section):

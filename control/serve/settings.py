@@ -45,7 +45,14 @@ class Settings(BaseSettings):
         description="Directory for the SQLite history, spill files, models and checkpoints.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="Logging level of the daemon and the commands."
+        default="INFO",
+        description="Logging level of steersman's own messages (instances up and down, "
+        "FALLBACK, retraining, errors).",
+    )
+    log_libraries: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING",
+        description="Logging level of the libraries steersman runs on (httpx's every request, "
+        "uvicorn, APScheduler, transformers): INFO or DEBUG to see their probes and scrapes.",
     )
     storage: StorageSettings = Field(
         default_factory=StorageSettings, description="The SQL history and its writer."

@@ -3,6 +3,7 @@ into the one ``Scheduler`` the daemon serves with, and its assignments go out to
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,12 +25,16 @@ class CoreDriver:
         *,
         features: Mapping[str, Mapping[str, Any]] | None = None,
         cap: int = 1 << 30,
+        progress_s: float = 0.05,
     ) -> None:
         self.scheduler = scheduler
         self.step = step
         self.features = features or {}
         self.cap = cap
         self._requests: dict[str, SimRequest] = {}
+        self._pushed: dict[str, int] = {}  # the progress the scheduler was last told of
+        self.progress_s = progress_s
+        self._progress_at = -math.inf
         self.dispatched: dict[str, float] = {}  # when each request left steersman's queue
         # (time, waiting in steersman's queue, waiting in the engines, mean KV usage), sampled
         # at most every ``sample_s``: what a plot of a burst shows.
@@ -58,16 +63,24 @@ class CoreDriver:
     ) -> Iterable[tuple[int, SimRequest]]:
         for req in done:
             self._requests.pop(req.id, None)
+            self._pushed.pop(req.id, None)
             self.scheduler.finish(req.id, Outcome(req.generated), now)
         return self._schedule(engines, now)
 
     def _schedule(self, engines: Sequence[SimEngine], now: float) -> list[tuple[int, SimRequest]]:
         scheduler = self.scheduler
         scheduler.tick(now)
-        if scheduler.depth:  # what the running requests produced matters only to a decision
-            for req in self._requests.values():
-                if req.generated:
-                    scheduler.progress(req.id, req.generated)
+        # What the running requests produced matters only to a decision; the daemon hears of it
+        # chunk by chunk, the simulation tells the core at most every ``progress_s``.
+        if scheduler.depth and now - self._progress_at >= self.progress_s:
+            self._progress_at = now
+            pushed = self._pushed
+            for engine in engines:  # only running requests produce (preempted ones keep theirs)
+                for req in engine.running:
+                    produced = req.generated
+                    if produced and pushed.get(req.id) != produced:
+                        pushed[req.id] = produced
+                        scheduler.progress(req.id, produced)
         states = [
             InstanceState(
                 str(k),

@@ -101,6 +101,16 @@ PROFILES: dict[str, StepModel] = {
     # 2 * 32 layers * 8 KV heads * 128 * 2 bytes = 128 KiB per token.
     "h100-llama3-8b": _gpu("h100-llama3-8b", 8.03, 3350, 989, 2 * 32 * 8 * 128 * 2, 80, 8192),
     "a30-llama2-7b": _gpu("a30-llama2-7b", 6.74, 933, 165, 2 * 32 * 4096 * 2, 24, 4096),
+    # More GPUs and models, for sweeps of the KV-to-compute ratio (the defaults must hold beyond
+    # the profiles they were chosen on): L4 24 GB (300 GB/s, 121 TFLOPS), A10 24 GB (600 GB/s,
+    # 125 TFLOPS), L40S 48 GB (864 GB/s, 362 TFLOPS); Llama-2-13B: 40 layers, hidden 5120, 40 KV
+    # heads (800 KiB of K and V per token).
+    "l4-llama2-7b": _gpu("l4-llama2-7b", 6.74, 300, 121, 2 * 32 * 4096 * 2, 24, 4096),
+    "a10-llama2-7b": _gpu("a10-llama2-7b", 6.74, 600, 125, 2 * 32 * 4096 * 2, 24, 4096),
+    "l40s-llama2-7b": _gpu("l40s-llama2-7b", 6.74, 864, 362, 2 * 32 * 4096 * 2, 48, 4096),
+    "l40s-llama2-13b": _gpu("l40s-llama2-13b", 13.0, 864, 362, 2 * 40 * 5120 * 2, 48, 4096),
+    "a100-llama2-13b": _gpu("a100-llama2-13b", 13.0, 2039, 312, 2 * 40 * 5120 * 2, 80, 4096),
+    "h100-llama2-13b": _gpu("h100-llama2-13b", 13.0, 3350, 989, 2 * 40 * 5120 * 2, 80, 4096),
     # `python -m benchmarks.sim_fidelity` calibrates the vLLM CPU 0.32.0 server it starts (tiny
     # model, one core, float32, 1 GiB KV cache) on the 2-core development machine.
     "cpu-tiny": StepModel(

@@ -29,7 +29,15 @@ from steersman.storage.registry import (
 )
 
 TINY = {"vocab_size": 1000, "hidden": 32, "layers": 1, "heads": 2}  # tests
-SMALL = {"vocab_size": 4096, "hidden": 128, "layers": 2, "heads": 2}  # the offline default
+SMALL = {"vocab_size": 4096, "hidden": 128, "layers": 2, "heads": 2}  # without a pretrained base
+# How each start is trained: a pretrained encoder gently, its new head faster; a RoBERTa built
+# from scratch at a higher rate.
+PRETRAINED_FIT = {"lr": 5e-5, "head_lr": 1e-3, "batch_size": 16}
+SCRATCH_FIT = {"lr": 5e-4}
+# The layers of a pretrained base that are kept: the lower layers carry what a prompt says of
+# its answer's length, and half of all-MiniLM's six serve int8 within 5 ms on one CPU core
+# (docs/predictions.md).
+BASE_LAYERS = 3
 
 
 def prompt_set(source: str) -> str:
@@ -57,6 +65,32 @@ def grouped_split(groups: Sequence[str], fraction: float, seed: int) -> tuple[li
     return train, val
 
 
+def within_model(by_source: dict[str, list[tuple[float, float]]]) -> dict[str, Any] | None:
+    """Scores within each served model of a prompt set that answers each prompt with several
+    models (AlpacaEval's ``alpaca_eval/<model>`` sources): a pool serves one model, so ranking
+    is judged among one model's answers. The mean over the models, and each one's tau.
+
+    >>> got = within_model({"alpaca_eval/a": [(1, 1), (2, 2), (3, 3)],
+    ...                     "alpaca_eval/b": [(1, 2), (2, 1), (3, 3)], "alpaca": [(1, 1)]})
+    >>> got["models"], round(got["kendall_tau"], 3)
+    (2, 0.667)
+    """
+    scores = {
+        source.split("/", 1)[1]: score(pairs)
+        for source, pairs in by_source.items()
+        if "/" in source and len(pairs) > 2
+    }
+    taus = {m: s["kendall_tau"] for m, s in scores.items() if s["kendall_tau"] is not None}
+    if not taus:
+        return None
+    return {
+        "models": len(taus),
+        "kendall_tau": sum(taus.values()) / len(taus),
+        "within_30": sum(s["within_30"] for s in scores.values()) / len(scores),
+        "per_model": dict(sorted(taus.items())),
+    }
+
+
 @dataclass
 class TrainedModel:
     version: str
@@ -70,6 +104,8 @@ class TrainedModel:
     texts: list[str]
     targets_log: list[float]
     val_idx: list[int]
+    model_type: str = "roberta"
+    base_model: str | None = None  # what it was fine-tuned from (None: a new RoBERTa)
 
 
 def train_length_model(
@@ -80,6 +116,8 @@ def train_length_model(
     lengths: Sequence[int] | None = None,
     out_dir: Path | None = None,
     base_model: Path | None = None,
+    base_name: str | None = None,
+    base_layers: int | None = BASE_LAYERS,
     scratch: dict[str, int] | None = None,
     epochs: int = 5,
     time_budget_s: float | None = None,
@@ -92,9 +130,11 @@ def train_length_model(
 ) -> TrainedModel:
     """Train (fine-tune ``base_model``, or a new small RoBERTa) on the log-length regression plus
     ``rank_weight`` times a ranking loss (ListMLE), validate on held-out prompt groups and save
-    a versioned directory with its metadata. The targets are ``lengths`` when
-    given (the SQL history's actual token counts), else the responses counted by ``counter``."""
-    from steersman.learners.hf import RobertaLengthModel  # torch: only when training
+    a versioned directory with its metadata. ``base_model`` is a pretrained encoder (its first
+    ``base_layers`` layers are kept) or a length model trained before (trained further);
+    ``base_name`` is what the registry calls it. The targets are ``lengths`` when given (the SQL
+    history's actual token counts), else the responses counted by ``counter``."""
+    from steersman.learners.hf import LengthModel  # torch: only when training
 
     if lengths is None:
         assert counter is not None, "a counter or the lengths"
@@ -103,11 +143,13 @@ def train_length_model(
     train_idx, val_idx = grouped_split([r.group for r in records], val_fraction, seed)
     texts = [r.prompt for r in records]
     if base_model is not None:
-        model = RobertaLengthModel.load(base_model, device=device)
+        model = LengthModel.load(base_model, device=device, layers=base_layers)
+        recipe = PRETRAINED_FIT
     else:
-        model = RobertaLengthModel.from_scratch(
+        model = LengthModel.from_scratch(
             [texts[i] for i in train_idx], seed=seed, **(scratch or SMALL)
         )
+        recipe = SCRATCH_FIT
     report = model.fit(
         [texts[i] for i in train_idx],
         [targets[i] for i in train_idx],
@@ -117,21 +159,24 @@ def train_length_model(
         time_budget_s=time_budget_s,
         seed=seed,
         progress=progress,
-        **{"rank_weight": rank_weight, **(fit_options or {})},
+        **{"rank_weight": rank_weight, **recipe, **(fit_options or {})},
     )
-    predicted = model.predict_log([texts[i] for i in val_idx])
+    predicted = model.predict_many([texts[i] for i in val_idx])
     pairs = [
         (math.expm1(p), math.expm1(targets[i])) for p, i in zip(predicted, val_idx, strict=True)
     ]
     val = score(pairs)
     by_set: dict[str, list[tuple[float, float]]] = {}
+    by_source: dict[str, list[tuple[float, float]]] = {}
     for i, pair in zip(val_idx, pairs, strict=True):
         by_set.setdefault(prompt_set(records[i].source), []).append(pair)
+        by_source.setdefault(records[i].source, []).append(pair)
     metrics = {
         "val_mae_tokens": val["mae"],
         "val_within_30": val["within_30"],
         "val_median_rel_error": val["median_rel_error"],
         "val_kendall_tau": val["kendall_tau"],
+        "val_within_model": within_model(by_source),
         "val_mae_log": report["best_val_mae_log"],
         "val_per_set": {
             name: {k: got[k] for k in ("n", "kendall_tau", "within_30", "mae")}
@@ -143,7 +188,7 @@ def train_length_model(
     for r, t in zip(records, targets, strict=True):
         digest.update(f"{r.id}\t{t:.6f}\n".encode())
     created = datetime.now(UTC)
-    version = new_version(created)
+    version = new_version(created, model.model_type)
     directory = out_dir or models_dir / version
     model.save(
         directory,
@@ -155,7 +200,8 @@ def train_length_model(
             "val_rows": len(val_idx),
             "seed": seed,
             "metrics": metrics,
-            "base_model": str(base_model) if base_model else None,
+            "base_model": base_name or (str(base_model) if base_model else None),
+            "base_path": str(base_model) if base_model else None,
             "rank_weight": rank_weight,
         },
     )
@@ -171,6 +217,8 @@ def train_length_model(
         texts,
         targets,
         val_idx,
+        model.model_type,
+        base_name or (str(base_model) if base_model else None),
     )
 
 
@@ -181,7 +229,8 @@ def register(engine: Engine, trained: TrainedModel, *, notes: str, promote: bool
         {
             "version": trained.version,
             "created_at": trained.created,
-            "kind": "roberta",
+            "kind": trained.model_type,
+            "base_model": trained.base_model,
             "path": str(trained.directory),
             "data_hash": trained.data_hash,
             "train_rows": trained.train_rows,

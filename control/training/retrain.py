@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from steersman.control.training.length_model import promote_version, register, train_length_model
+from steersman.learners.bases import Base, packaged
 from steersman.learners.datasets import PromptRecord
 from steersman.storage.models import RequestRow
 from steersman.storage.registry import set_status
@@ -51,6 +52,14 @@ def history_records(engine: Engine, max_rows: int) -> tuple[list[PromptRecord], 
     return records, [max(actual, 0) for _, actual, _ in rows]
 
 
+def retrain_base(base_model: Path | None) -> Base:
+    """The base retraining fine-tunes from: the operator's (``predictor.base_model``, checked
+    when the settings were read), else the packaged all-MiniLM-L6-v2, else none (the reason)."""
+    if base_model is not None:
+        return Base(Path(base_model).name, Path(base_model))
+    return packaged()
+
+
 class Retrainer:
     """``run()`` is the daemon's retraining job. ``swap(model, version, directory)`` is called
     with a loaded, validated model to serve; ``event(kind, reason, details)`` records what
@@ -73,6 +82,7 @@ class Retrainer:
         device: str = "cpu",
         scratch: dict[str, Any] | None = None,
         fit: dict[str, Any] | None = None,
+        base: Base | None = None,
     ) -> None:
         self.engine = engine
         self.models_dir = models_dir
@@ -88,6 +98,9 @@ class Retrainer:
         self.device = device
         self.scratch = scratch  # from_scratch hyperparameters (the size of a new model)
         self.fit = fit  # more fit() options: lr, patience, batch_size
+        # The pretrained encoder each candidate is fine-tuned from; without one, the served
+        # model is trained further (or, with none served, a RoBERTa from scratch).
+        self.base = base
 
     def run(self) -> RetrainOutcome:
         try:
@@ -100,18 +113,21 @@ class Retrainer:
         return outcome
 
     def _run(self) -> RetrainOutcome:
-        from steersman.learners.hf import RobertaLengthModel  # torch: only when retraining
+        from steersman.learners.hf import LengthModel  # torch: only when retraining
 
         records, lengths = history_records(self.engine, self.max_rows)
         if len(records) < MIN_ROWS or len({r.group for r in records}) < 5:
             return RetrainOutcome("skipped", f"{len(records)} usable rows in the history")
         current_dir, current_version = self.current()
+        pretrained = self.base is not None and self.base.directory is not None
+        start = self.base.directory if pretrained else current_dir
         trained = train_length_model(
             records,
             None,
             lengths=lengths,
             models_dir=self.models_dir,
-            base_model=current_dir,
+            base_model=start,
+            base_name=self.base.name if pretrained else current_version,
             scratch=self.scratch,
             epochs=self.epochs,
             time_budget_s=self.budget_s,
@@ -125,7 +141,7 @@ class Retrainer:
         candidate_mae = trained.model.validation_mae_log(val_texts, val_targets)
         current_mae = None
         if current_dir is not None:  # the served model, scored on the very same rows
-            served = RobertaLengthModel.load(current_dir, device=self.device)
+            served = LengthModel.load(current_dir, device=self.device)
             current_mae = served.validation_mae_log(val_texts, val_targets)
         trained.metrics.update(
             val_mae_log=round(candidate_mae, 5),
@@ -143,7 +159,7 @@ class Retrainer:
             )
             return RetrainOutcome("rejected", reason, trained.version, metrics)
         # Load what was saved: a directory that does not load is never swapped in.
-        fresh = RobertaLengthModel.load(trained.directory, device=self.device)
+        fresh = LengthModel.load(trained.directory, device=self.device)
         self.swap(fresh, trained.version, trained.directory)
         promote_version(self.engine, trained.version)
         was = "none" if current_mae is None else f"{current_mae:.4f}"

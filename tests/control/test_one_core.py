@@ -67,10 +67,12 @@ def decisions(core: Recording) -> list[tuple]:
 @dataclass
 class StubEngine:
     """What the driver reads of an engine: its profile (a KV cache far larger than this script
-    needs) and an empty KV cache and queue."""
+    needs), an empty KV cache and queue, and no running request with progress to report (a
+    request here produces all its tokens at the instant it finishes)."""
 
     model: StepModel = field(default_factory=lambda: load_profile("cpu-tiny"))
     waiting: int = 0
+    running: list[SimRequest] = field(default_factory=list)
 
     def kv_usage(self) -> float | None:
         return 0.0

@@ -86,6 +86,9 @@ def screenshots(base: str, pages: list[str], out: Path) -> dict[str, dict]:
                         '[data-testid="stException"], [data-testid="stAlertContentError"]'
                     ).count(),
                     "charts": page.locator('[data-testid="stVegaLiteChart"]').count(),
+                    # Streamlit's development chrome, which an operator's dashboard leaves out
+                    "deploy": page.locator('[data-testid="stAppDeployButton"]').count(),
+                    "toolbar": page.locator('[data-testid="stToolbar"]').count(),
                     "screenshot": path,
                 }
         finally:

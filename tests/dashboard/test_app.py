@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from datetime import UTC, datetime, timedelta
 
+import pandas as pd
+import pyarrow as pa
 import pytest
+from sqlalchemy import insert
 from streamlit.testing.v1 import AppTest
 
 from steersman.dashboard.app import PAGES
+from steersman.storage import migrate
+from steersman.storage.engine import make_engine
+from steersman.storage.models import ControllerEventRow, RequestRow
 from tests.dashboard.conftest import REPLAYED, UNREACHABLE_URL, app_path
+from tests.rows import request_row
 
 
 def page(monkeypatch, url: str, name: str) -> AppTest:
@@ -76,3 +85,50 @@ def test_database_problems_are_messages_not_tracebacks(monkeypatch, request, fix
     for name in ("Overview", "GPUs"):
         at = page(monkeypatch, url, name)
         assert message in at.error[0].value
+
+
+@pytest.fixture
+def old_history_url(tmp_path) -> str:
+    """A history whose requests and FALLBACK period ended three hours ago (a demo, earlier)."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    start = datetime.now(UTC) - timedelta(hours=3)
+    rows = [request_row(i, received_at=start + timedelta(seconds=i)) for i in range(30)]
+    fallback = start + timedelta(seconds=10)
+    events = [
+        {"ts": fallback, "kind": "mode", "from_mode": "NORMAL", "to_mode": "FALLBACK",
+         "reason": "5 misses in a row"},
+        {"ts": fallback + timedelta(seconds=42), "kind": "mode", "from_mode": "FALLBACK",
+         "to_mode": "NORMAL", "reason": "shadow predictions recovered"},
+    ]  # fmt: skip
+    with engine.begin() as conn:
+        conn.execute(insert(RequestRow), rows)
+        conn.execute(insert(ControllerEventRow), events)
+    engine.dispose()
+    return url
+
+
+def test_a_quiet_window_shows_the_span_the_history_holds(monkeypatch, old_history_url):
+    monkeypatch.setattr(sys, "argv", ["app.py", "--db", old_history_url, "--refresh", "60"])
+    at = AppTest.from_file(str(app_path()), default_timeout=60)
+    at.run()  # the default window: the last hour, in which nothing happened
+    assert not at.exception and not at.error
+    assert "showing the 1 hour up to the last activity" in at.info[0].value
+    assert metric(at, "Requests") == "30"
+    at.sidebar.radio[0].set_value("Controller")
+    at.run()
+    assert at.subheader[0].value == "FALLBACK periods: 1"
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    start, end = (_vega_time(t) for t in spec["encoding"]["x"]["scale"]["domain"])
+    assert end - start == pd.Timedelta(hours=1)  # the axis is the window, not 42 s of FALLBACK
+    drawn = at.get("vega_lite_chart")[0].proto.datasets[0].data.data
+    assert set(pa.ipc.open_stream(drawn).read_pandas()["mode"]) == {"NORMAL", "FALLBACK"}
+
+
+def _vega_time(t: dict) -> pd.Timestamp:
+    """A Vega-Lite datetime object (as Altair writes a datetime) as a timestamp."""
+    return pd.Timestamp(
+        year=t["year"], month=t["month"], day=t["date"], hour=t["hours"], minute=t["minutes"],
+        second=t["seconds"], microsecond=1000 * t["milliseconds"], tz="UTC",
+    )  # fmt: skip

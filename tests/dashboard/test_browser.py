@@ -16,5 +16,6 @@ def test_every_page_in_headless_chromium(populated_url, tmp_path):
         assert seen[name]["title"] == name
         assert seen[name]["errors"] == 0, name
         assert seen[name]["screenshot"].stat().st_size > 10_000
+        assert seen[name]["deploy"] == 0 and seen[name]["toolbar"] == 1, name
     assert seen["Predictions"]["charts"] == 3  # predicted vs actual, errors, coverage
     assert seen["GPUs"]["charts"] == 6

@@ -46,10 +46,15 @@ def test_completion_stream_has_exact_tokens_and_timing(vllm_servers, tiny_model)
 
     result, chunks = asyncio.run(go())
     assert result.ok and result.finish_reason == "length"
-    assert result.completion_tokens == 40 and chunks >= 40
+    assert result.completion_tokens == 40 and chunks >= 1
     # Token counts are in the served model's tokens: our counter agrees with the server.
     assert result.prompt_tokens == TokenCounter(tiny_model).count(prompt)
-    assert [n for _, n in result.token_times] == list(range(1, 41))
+    # When the reader lags, vLLM merges tokens into fewer chunks; the per-chunk usage still
+    # times every token: counts rise to exactly 40, times never go back.
+    counts = [n for _, n in result.token_times]
+    times = [t for t, _ in result.token_times]
+    assert counts[-1] == 40 and counts == sorted(set(counts)) and counts[0] >= 1
+    assert times == sorted(times) and len(counts) <= chunks
     assert 0 < result.ttft < result.e2e and result.tpot > 0
     assert TokenCounter(tiny_model).count(result.texts[0]) > 0
 

@@ -43,7 +43,7 @@ def servers(tiny_model, tmp_path_factory):
         for server in (one_slot, starved):
             server.check().start()
         for server in (one_slot, starved):
-            server.wait_healthy(timeout_s=240)
+            server.wait_healthy(timeout_s=600)
         yield one_slot, starved
     finally:
         for server in (one_slot, starved):

@@ -20,7 +20,7 @@ from steersman.control.backends.vllm_server import (
     model_directory,
     vllm_python,
 )
-from tests.conftest import VLLM_PYTHON
+from tests.conftest import VLLM_PYTHON, wait_until
 
 
 def test_a_relative_interpreter_is_made_absolute_without_leaving_its_environment(
@@ -45,6 +45,38 @@ def test_nice_lowers_the_priority_of_the_server_and_what_it_starts():
         os.nice(0) + 10, 19
     )
     assert VllmServer(sys.executable, Path("model"), 1).command()[0] == sys.executable
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_server_does_not_outlive_the_process_that_started_it():
+    """What VllmServer starts goes when its parent dies, even by SIGKILL (a demo or a test
+    killed on a timeout): no orphan keeps a core and a port."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import subprocess, sys, time\n"
+            "from steersman.control.backends.vllm_server import _die_with_parent\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+            " preexec_fn=_die_with_parent)\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(300)\n"
+        )],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    child = int(parent.stdout.readline())
+    assert _alive(child)
+    parent.kill()
+    parent.wait()
+    wait_until(lambda: not _alive(child), 30, "the child to go with its parent")
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
 
 
 def test_a_missing_interpreter_names_the_path_and_the_fix(tmp_path):

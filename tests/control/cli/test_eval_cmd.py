@@ -12,7 +12,7 @@ from steersman.control.cli.main import app
 from steersman.data import path
 from steersman.learners.datasets import load_prompt_set
 from steersman.learners.evaluation import evaluate
-from steersman.learners.hf import RobertaLengthModel
+from steersman.learners.hf import LengthModel
 from steersman.learners.metrics import score
 
 
@@ -48,7 +48,7 @@ def test_cli_with_and_without_a_model(tmp_path, tiny_model, monkeypatch):
     assert "200" in result["rolling_mae"] and "code" in result["per_class"]
 
     records = load_prompt_set(data)[0]
-    model = RobertaLengthModel.from_scratch(
+    model = LengthModel.from_scratch(
         [r.prompt for r in records], vocab_size=500, hidden=32, layers=1, heads=2, max_length=64
     )
     model.fit(

@@ -13,7 +13,7 @@ from steersman.control.serve.daemon import Daemon
 from steersman.control.training.length_model import grouped_split
 from steersman.data import path
 from steersman.learners.datasets import load_prompt_set
-from steersman.learners.hf import RobertaLengthModel
+from steersman.learners.hf import LengthModel
 from steersman.storage.engine import make_engine
 from steersman.storage.registry import model_versions
 from tests.control.serve.serving import settings_for
@@ -48,6 +48,7 @@ def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkey
             str(data),
             "--tokenizer",
             str(tiny_model),
+            "--scratch",
             "--size",
             "tiny",
             "--epochs",
@@ -63,16 +64,17 @@ def test_train_saves_registers_and_reports_bad_rows(tmp_path, tiny_model, monkey
     assert result.stdout.strip() == str(tmp_path / "model")
     (registered,) = model_versions(make_engine(db))
     assert registered["kind"] == "roberta" and registered["status"] == "candidate"
+    assert registered["base_model"] is None  # a RoBERTa trained from scratch
     assert registered["train_rows"] + registered["val_rows"] == 120
     assert registered["metrics"]["val_mae_tokens"] > 0
     meta = json.loads((tmp_path / "model" / "steersman.json").read_text())
     assert meta["version"] == registered["version"] and meta["data_hash"] == registered["data_hash"]
-    assert len(RobertaLengthModel.load(tmp_path / "model").predict_log(["hi", "there"])) == 2
+    assert len(LengthModel.load(tmp_path / "model").predict_log(["hi", "there"])) == 2
 
     # --promote: the daemon serves it without being told where it is.
     args = [
-        "train", "--data", str(data), "--tokenizer", str(tiny_model), "--size", "tiny",
-        "--epochs", "1", "--out", str(tmp_path / "model2"), "--db", db, "--promote",
+        "train", "--data", str(data), "--tokenizer", str(tiny_model), "--scratch", "--size",
+        "tiny", "--epochs", "1", "--out", str(tmp_path / "model2"), "--db", db, "--promote",
     ]  # fmt: skip
     assert CliRunner().invoke(app, args).exit_code == 0
     first, second = model_versions(make_engine(db))
@@ -100,7 +102,7 @@ def test_train_from_the_sql_history(tmp_path):
     migrate.upgrade(engine)
     fill_history(engine)
     args = [
-        "train", "--from-history", "--db", db, "--size", "tiny", "--epochs", "1",
+        "train", "--from-history", "--db", db, "--scratch", "--size", "tiny", "--epochs", "1",
         "--out", str(tmp_path / "from-history"),
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
@@ -122,28 +124,40 @@ def _mixed_data(tmp_path) -> Path:
     return data
 
 
-def test_compare_reports_both_objectives_per_prompt_set(tmp_path, tiny_model, monkeypatch):
+def test_compare_trains_scratch_and_the_base_with_both_objectives(
+    tmp_path, tiny_model, monkeypatch
+):
     monkeypatch.setenv("STEERSMAN_DATA_DIR", str(tmp_path / "data"))
+    db = f"sqlite:///{tmp_path / 'h.db'}"
     args = [
         "train", "--data", str(_mixed_data(tmp_path)), "--tokenizer", str(tiny_model),
-        "--size", "tiny", "--epochs", "1", "--compare", "--out", str(tmp_path / "m"),
-        "--db", f"sqlite:///{tmp_path / 'h.db'}",
+        "--size", "tiny", "--epochs", "1", "--time-budget", "5", "--compare",
+        "--out", str(tmp_path / "m"), "--db", db,
     ]  # fmt: skip
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, args, terminal_width=200)
     assert result.exit_code == 0, result.output
-    for name in ("alpaca", "codealpaca", "alpaca_eval", "all", "regression", "ListMLE"):
-        assert name in result.stdout, name
+    assert "base: all-MiniLM-L6-v2" in result.stderr
+    table = result.stdout
+    for name in ("alpaca", "codealpaca", "alpaca_eval", "all", "within 12 models"):
+        assert table.count(name) >= 4, name  # a row for each of the four runs
+    for start in ("scratch RoBERTa", "all-MiniLM-L6-v2"):
+        assert table.count(start) >= 2 * 5, start  # both objectives, every prompt set
+    assert "regression" in table and "ListMLE" in table
     meta = json.loads((tmp_path / "m" / "steersman.json").read_text())
-    assert meta["rank_weight"] == 1.0
+    assert meta["rank_weight"] == 1.0 and meta["base_model"] == "all-MiniLM-L6-v2"
+    assert meta["model_type"] == "bert"
     assert set(meta["metrics"]["val_per_set"]) == {"alpaca", "codealpaca", "alpaca_eval"}
+    assert meta["metrics"]["val_within_model"]["models"] == 12
+    (registered,) = model_versions(make_engine(db))  # the last of the four
+    assert (registered["kind"], registered["base_model"]) == ("bert", "all-MiniLM-L6-v2")
 
 
-def test_a_local_roberta_directory_is_fine_tuned_and_anything_else_refused(
+def test_a_local_encoder_directory_is_fine_tuned_and_anything_else_refused(
     tmp_path, tiny_model, monkeypatch
 ):
     monkeypatch.setenv("STEERSMAN_DATA_DIR", str(tmp_path / "data"))
     base = tmp_path / "small-roberta"  # stands in for roberta-base: a local HF directory
-    RobertaLengthModel.from_scratch(["some text", "more text"], vocab_size=300, hidden=32,
+    LengthModel.from_scratch(["some text", "more text"], vocab_size=300, hidden=32,
                                     layers=1, heads=2).save(base, {"version": "base"})  # fmt: skip
     common = ["train", "--data", str(_mixed_data(tmp_path)), "--tokenizer", str(tiny_model),
               "--epochs", "1", "--db", f"sqlite:///{tmp_path / 'h.db'}"]  # fmt: skip
@@ -151,7 +165,14 @@ def test_a_local_roberta_directory_is_fine_tuned_and_anything_else_refused(
         app, [*common, "--base-model", str(base), "--out", str(tmp_path / "t")]
     )
     assert done.exit_code == 0, done.output
-    assert json.loads((tmp_path / "t" / "steersman.json").read_text())["base_model"] == str(base)
+    meta = json.loads((tmp_path / "t" / "steersman.json").read_text())
+    assert (meta["base_model"], meta["base_path"]) == ("small-roberta", str(base))
     refused = CliRunner().invoke(app, [*common, "--base-model", str(tiny_model)])
     assert refused.exit_code == 2
-    assert "model_type 'llama' is not a RoBERTa-family encoder" in refused.stderr
+    assert "model_type 'llama' is not an encoder" in refused.stderr
+    (base / "model.safetensors").unlink()
+    missing = CliRunner().invoke(app, [*common, "--base-model", str(base)])
+    assert missing.exit_code == 2
+    assert missing.stderr.strip().splitlines()[-1] == (
+        f"error: --base-model: {base / 'model.safetensors'}: missing (the encoder's weights)"
+    )

@@ -123,8 +123,10 @@ def test_waiting_requests_go_shortest_predicted_first():
 
 
 @pytest.mark.parametrize(("waited", "ordered"), [(0.4, False), (0.6, True)])
-def test_vllm_is_ordered_by_length_only_while_the_queue_is_backlogged(waited, ordered):
-    s = core(backlog_s=0.5, max_hold_s=10.0)
+def test_with_engine_order_backlog_vllm_is_ordered_only_while_the_queue_is_backlogged(
+    waited, ordered
+):
+    s = core(backlog_s=0.5, max_hold_s=10.0, engine_order="backlog")
     send(s, "big", 400, 500)
     placed(s, state())
     send(s, "new", 100, 50, now=0.0)  # fits: the projection admits it either way
@@ -132,3 +134,10 @@ def test_vllm_is_ordered_by_length_only_while_the_queue_is_backlogged(waited, or
     (a,) = s.schedule([state()], now=waited)
     assert a.ordered is ordered
     assert a.priority == (ticket.priority if ordered else ticket.arrival_priority)
+
+
+def test_by_default_vllm_is_ordered_by_length_from_the_first_request():
+    s = core(backlog_s=0.5, max_hold_s=10.0)
+    send(s, "new", 100, 50, now=0.0)
+    (a,) = s.schedule([state()], now=0.0)
+    assert a.ordered and a.priority == s.scheduled("new").priority

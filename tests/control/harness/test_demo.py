@@ -44,7 +44,16 @@ def test_demo_on_simulated_instances(tmp_path, tiny_model):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM requests")).scalar_one() == 24
     engine.dispose()
-    assert (data / "models" / "demo-roberta" / "steersman.json").exists()  # cached for next time
+    assert (data / "models" / "demo-minilm" / "steersman.json").exists()  # cached for next time
+    # What a user reads when the output is logged, not a terminal: a line per long step as it
+    # starts, now and then, and as it ends; which base the length model came from; no library
+    # warnings or progress bars.
+    said = done.stderr
+    assert "length model: started" in said and "length model: done" in said
+    assert "fine-tuned from all-MiniLM-L6-v2" in said
+    assert "requests: started" in said and "requests: done, 24/24" in said
+    for noise in ("Warning", "warning", "Writing model shards", "it/s]", "LOAD REPORT"):
+        assert noise not in said, said
 
 
 def _run_from_root(args: list[str], data: Path, timeout: int = 900) -> subprocess.CompletedProcess:

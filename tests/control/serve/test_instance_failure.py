@@ -81,7 +81,7 @@ def test_sigkill_one_server_under_load(vllm_servers, tiny_model, tmp_path):
         assert not sender.is_alive(), "a request hung past its deadline"
         retries = daemon.service.metrics.retries._value.get()
         victim.start()
-        victim.wait_healthy(timeout_s=180)
+        victim.wait_healthy(timeout_s=600)
         wait_until(lambda: daemon.service.instances["vllm-1"].healthy, 30, "victim readmitted")
         state = httpx.get(f"{url}/admin/state").json()
         assert all(i["healthy"] for i in state["instances"])

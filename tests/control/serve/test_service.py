@@ -286,14 +286,14 @@ def test_what_an_instance_is_sent_follows_its_settings(priority, predictions, xa
     assert set(sent.xargs or {}) == xargs
 
 
-def test_below_saturation_vllm_gets_arrival_order_and_no_lengths():
-    """engine_order = "backlog" (the default): lengths order vLLM's queue only while
-    steersman's own queue is backlogged; otherwise the priority is the arrival order."""
+def test_with_engine_order_backlog_vllm_gets_arrival_order_below_saturation():
+    """engine_order = "backlog": lengths order vLLM's queue only while steersman's own queue is
+    backlogged; otherwise the priority is the arrival order."""
     backend = Seen("a")
     instance = Instance("a", backend, LatencyModel(PRIOR))
 
     async def main():
-        svc, _ = service([instance])
+        svc, _ = service([instance], engine_order="backlog")
         for rid, tokens in (("long", 300), ("short", 2)):
             await complete(svc, rid, tokens)
 

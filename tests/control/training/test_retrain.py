@@ -4,6 +4,7 @@ better, hot-swap without dropping requests; a model directory that does not load
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from datetime import UTC, datetime
 
@@ -13,9 +14,11 @@ from sqlalchemy import insert, text
 from steersman.control.serve.daemon import Daemon
 from steersman.control.training.retrain import Retrainer, history_records
 from steersman.data import path
+from steersman.learners.bases import packaged
 from steersman.learners.datasets import load_prompt_set
 from steersman.storage.models import RequestRow
 from steersman.storage.registry import model_versions
+from tests.conftest import skip_or_fail
 from tests.control.serve.serving import settings_for
 
 TINY = {"vocab_size": 500, "hidden": 32, "layers": 1, "heads": 2}
@@ -44,7 +47,8 @@ def fill_history(engine, topics=150) -> None:
 
 @pytest.fixture
 def daemon(tmp_path):
-    settings = settings_for(tmp_path, [{"sim": "cpu-tiny"}])
+    # The model swapped in answers, however busy the machine: these tests are not about time.
+    settings = settings_for(tmp_path, [{"sim": "cpu-tiny"}], predictor={"deadline_ms": 10_000})
     d = Daemon(settings)
     d.writer.start()
     yield d
@@ -89,8 +93,8 @@ def test_promote_then_reject_a_worse_candidate_and_serve_throughout(daemon):
     assert p.path == "roberta" and p.base is not None and math.isfinite(p.base)
     assert first.metrics["val_mae_log"] < 1.0, first.metrics  # it learned brief vs long
 
-    # A candidate with almost no training is the served model give or take noise: rejected.
-    second = retrainer(daemon, budget_s=1e-6).run()
+    # A candidate that learns nothing is the served model again, no better: rejected.
+    second = retrainer(daemon, budget_s=1e-6, fit={"lr": 0.0, "head_lr": 0.0}).run()
     assert second.status == "rejected", second.reason
     assert "2% below current" in second.reason
     assert daemon.service.predictor.model_version == first.version
@@ -131,3 +135,16 @@ def test_corrupt_model_directory_at_start_serves_the_fast_predictor(tmp_path):
         assert "cannot be loaded" in reason
     finally:
         d.close()
+
+
+def test_retraining_fine_tunes_the_pretrained_base_and_records_it(daemon):
+    base = packaged()
+    if base.directory is None:
+        skip_or_fail(f"the packaged base is not usable: {base.reason}")
+    fill_history(daemon.engine)
+    outcome = retrainer(daemon, base=base, budget_s=5.0).run()
+    assert outcome.status == "promoted", outcome.reason
+    (row,) = model_versions(daemon.engine)
+    assert (row["kind"], row["base_model"]) == ("bert", "all-MiniLM-L6-v2")
+    meta = json.loads((daemon.model.directory / "steersman.json").read_text())
+    assert meta["base_model"] == "all-MiniLM-L6-v2" and meta["model_type"] == "bert"

@@ -1,0 +1,63 @@
+"""The simulated bench's yardstick: capacity measured at steady state, whatever the request count
+or what the cluster holds; arrivals that outlast the trace; a rate whose queue grows refused."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from steersman.control.harness import bench
+from steersman.control.harness.workloads import load_trace
+from steersman.control.sim.profiles import PROFILES
+from steersman.data import path
+from steersman.learners.corrector import BASE_KEY
+
+TRACE = load_trace(path("azure_conv"))
+A30 = PROFILES["a30-llama2-7b"]
+STEADY = bench.Steady(duration_s=150, warmup_s=30)
+
+
+def pool(n: int, seed: int) -> list[bench.Item]:
+    """Requests of a chat service's lengths, predicted within a factor of about 1.5."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        out = int(min(3000, max(1, rng.lognormvariate(5.3, 1.0))))
+        prompt = int(min(1000, max(4, rng.lognormvariate(4.5, 0.8))))
+        items.append(bench.Item(prompt, out, {BASE_KEY: out * rng.lognormvariate(0, 0.4)}))
+    return items
+
+
+def test_arrivals_beyond_the_trace_take_it_again():
+    n = 3 * len(TRACE.rows)
+    unit = bench.unit_arrivals("trace", TRACE, n, seed=0)
+    assert len(unit) == n and unit == sorted(unit)
+    assert n / unit[-1] == pytest.approx(1.0, rel=0.01)  # a mean rate of one a second
+    assert unit == bench.unit_arrivals("trace", TRACE, n, seed=0)
+
+
+@pytest.fixture(scope="module")
+def least_load_capacity() -> float:
+    variant = bench.variants()["least-load"]
+    return bench.capacity("least-load", variant, pool(400, 1), TRACE, A30, 2, 1.0, STEADY)
+
+
+def test_capacity_does_not_depend_on_how_many_requests_the_workload_holds(least_load_capacity):
+    variant = bench.variants()["least-load"]
+    other = bench.capacity("least-load", variant, pool(1600, 2), TRACE, A30, 2, 1.0, STEADY,
+                           near=least_load_capacity)  # fmt: skip
+    assert 2 < least_load_capacity < 40  # two memory-bound A30s
+    assert other == pytest.approx(least_load_capacity, rel=0.1)
+
+
+def test_above_capacity_the_backlog_grows_and_the_rate_is_refused(least_load_capacity):
+    variant = bench.variants()["least-load"]
+    items = pool(400, 1)
+    run = bench.steady_run("least-load", variant, items, TRACE, 0.6 * least_load_capacity, A30,
+                           2, STEADY)  # fmt: skip
+    assert run["stable"] and run["ttft_p99_s"] <= 1.0
+    assert run["window_s"] == [30, 150] and run["measured"] < run["requests"]
+    over = bench.steady_run("least-load", variant, items, TRACE, 2 * least_load_capacity, A30,
+                            2, STEADY)  # fmt: skip
+    assert not over["stable"]
