@@ -112,3 +112,8 @@ def test_sigterm_drains_in_flight_requests_and_restart_restores_state(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+    # The INFO log is steersman's own: uvicorn's start-up lines and the libraries' are below
+    # the default `log_libraries = "WARNING"`.
+    info = [line for line in log.read_text().splitlines() if "INFO" in line]
+    assert any(" INFO steersman." in line and "serving 2 instance(s)" in line for line in info)
+    assert [line for line in info if " INFO steersman." not in line] == []
