@@ -40,11 +40,9 @@ def cluster(n: int, rng: random.Random) -> list[KvInstance]:
     instances = []
     for k in range(n):
         model = LatencyModel(StepCoefficients(0.01, 0.0005, 1e-4), warmup=10)
-        for _ in range(50):  # past warm-up: coefficients come from the River models
+        for _ in range(50):  # past warm-up: coefficients carry a learned residual
             running = rng.randint(1, 32)
-            model.learn_one(
-                {"running": running, "prompt_tokens": 200}, 0.01 + 0.0005 * running, 0.05
-            )
+            model.learn_one({"running": running}, (0.01 + 0.0005 * running) * rng.uniform(1, 2))
         inst = KvInstance(f"i{k}", backend=None, latency=model)  # type: ignore[arg-type]
         inst.kv_usage = rng.random()
         inst.refresh()

@@ -208,7 +208,16 @@ def instances(engine, window: Window) -> None:
         latest = stats.groupby("instance").tail(1)
         st.dataframe(
             latest[
-                ["instance", "healthy", "running", "waiting", "kv_cache_usage", "preemptions_total"]
+                [
+                    "instance",
+                    "healthy",
+                    "running",
+                    "waiting",
+                    "kv_cache_usage",
+                    "preemptions_total",
+                    "step_s",
+                    "profiled_step_s",
+                ]
             ],
             hide_index=True,
         )
@@ -220,6 +229,14 @@ def instances(engine, window: Window) -> None:
             series = stats[stats[column].notna()]
             if len(series):
                 _chart(charts.lines(series, "ts", column, "instance", title))
+    steps = data.step_times(stats) if len(stats) else stats
+    if len(steps):
+        st.subheader("Decode step time: learned vs profiled")
+        st.caption(
+            "One decode step with one sequence, as each instance's latency model plans with it "
+            "(its outcomes and its GPU's clock) and as its profile says."
+        )
+        _chart(charts.lines(steps, "ts", "seconds", "series", "step time (s)"))
     hits = data.prefix_hits(stats) if len(stats) else stats
     if len(hits):
         st.subheader("Prefix-cache hit rate (as the servers report it)")

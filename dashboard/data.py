@@ -109,6 +109,25 @@ def instance_stats(engine: Engine, since: datetime | None) -> pd.DataFrame:
     return _frame(engine, query)
 
 
+def step_times(stats: pd.DataFrame) -> pd.DataFrame:
+    """Learned and profiled step times in long form: one ``series`` per instance and kind."""
+    rows = []
+    for column, kind in (("step_s", "learned"), ("profiled_step_s", "profiled")):
+        if column not in stats:
+            continue
+        part = stats[stats[column].notna()][["ts", "instance", column]]
+        rows.append(
+            pd.DataFrame(
+                {
+                    "ts": part["ts"],
+                    "series": part["instance"] + f" ({kind})",
+                    "seconds": part[column],
+                }
+            )
+        )
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
 def models(engine: Engine) -> pd.DataFrame:
     m = ModelVersionRow
     query = select(

@@ -1,22 +1,31 @@
-"""The latency model: River regressors of one instance's decode step time and prefill cost.
+"""The latency model: one instance's decode step time and prefill cost, learned online.
 
-Decode: time per output token (TPOT) against the batch it ran in (running sequences, KV usage)
-and the GPU's state (SM activity, SM clock, temperature: a throttled GPU decodes slower).
-Prefill: time to first token against prompt tokens and the batch. Until ``warmup`` outcomes have
-been learned, predictions come from the prior coefficients (a calibrated step-time profile).
+A step takes the instance's profiled time (``prior``, at the profile's clock), times what the
+GPU's telemetry says of its speed now (``reference / sm_clock``: a throttled GPU decodes slower,
+seen at the next reading, before any request finishes), times a learned residual: an
+exponentially weighted mean (River's ``EWMean``) of ``log(observed TPOT / expected TPOT)`` over
+finished requests, which carries what the profile and the clock do not (another GPU than
+profiled, a noisy neighbour, prefill interference, the serving stack). One factor scales the
+decode base, the per-sequence cost and the prefill cost alike: what slows one slows the others.
+
+Telemetry that is missing, not finite, or outside a plausible range (``clock_range`` times the
+reference) is ignored and counted; the model then plans with the prior's clock and says so once
+(``status``, the log).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from river import compose, linear_model, optim, preprocessing
+from river import stats
 
-DECODE_KEYS = ("running", "kv_usage", "sm_activity", "sm_clock_mhz", "temperature_c")
-PREFILL_KEYS = ("prompt_tokens", "running", "kv_usage", "sm_activity")
+log = logging.getLogger(__name__)
+
+CLOCK_KEYS = ("sm_clock_mhz", "sm_clock_mhz_mean")  # a reading, or a sampler window's mean
 
 
 @dataclass(frozen=True)
@@ -27,84 +36,126 @@ class StepCoefficients:
     per_seq_s: float
     prefill_s_per_token: float
 
+    def scaled(self, factor: float) -> StepCoefficients:
+        return StepCoefficients(
+            self.base_s * factor, self.per_seq_s * factor, self.prefill_s_per_token * factor
+        )
 
-def _pick(x: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, float]:
-    out = {}
-    for key in keys:
-        value = x.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out[key] = float(value)
-    return out
-
-
-def _model(lr: float) -> compose.Pipeline:
-    return preprocessing.StandardScaler() | linear_model.LinearRegression(
-        optimizer=optim.SGD(lr), intercept_lr=lr, clip_gradient=1.0
-    )
+    def step(self, n: float) -> float:
+        return self.base_s + self.per_seq_s * n
 
 
 class LatencyModel:
-    """``predict_one(x)`` -> decode step time (s) with ``x["running"]`` sequences;
-    ``learn_one(x, tpot_s, ttft_s)`` after each finished request; ``coefficients(x)`` for the
-    predictive dispatch policy.
+    """``learn_one(x, tpot_s)`` after each finished request (``x``: ``running``, the batch it
+    decoded in, and telemetry: ``sm_clock_mhz``); ``coefficients(x)`` and ``predict_one(x)`` for
+    dispatch.
 
-    >>> m = LatencyModel(prior=StepCoefficients(0.01, 0.001, 0.0001), warmup=50, lr=0.05)
+    >>> m = LatencyModel(StepCoefficients(0.01, 0.001, 0.0001), reference_clock_mhz=1400)
     >>> round(m.predict_one({"running": 4}), 4)  # the prior
     0.014
-    >>> for i in range(2000):
-    ...     n = 1 + i % 8
-    ...     m.learn_one({"running": n, "prompt_tokens": 100}, 0.02 + 0.002 * n, 0.05)
-    >>> c = m.coefficients({})
-    >>> 0.015 < c.base_s < 0.025 and 0.0015 < c.per_seq_s < 0.0025
-    True
+    >>> round(m.predict_one({"running": 4, "sm_clock_mhz": 700}), 4)  # half the clock
+    0.028
+    >>> for _ in range(200):  # a neighbour slows every step by half again
+    ...     m.learn_one({"running": 4, "sm_clock_mhz": 1400}, 0.021)
+    >>> round(m.predict_one({"running": 4, "sm_clock_mhz": 1400}), 4)
+    0.021
     """
 
     def __init__(
-        self, prior: StepCoefficients, warmup: int = 30, lr: float = 0.02, max_step_s: float = 10.0
+        self,
+        prior: StepCoefficients,
+        *,
+        reference_clock_mhz: float | None = None,
+        alpha: float = 0.05,
+        warmup: int = 5,
+        clock_range: tuple[float, float] = (0.2, 1.5),
+        max_step_s: float = 10.0,
     ) -> None:
         self.prior = prior
+        self.reference_clock_mhz = reference_clock_mhz
         self.warmup = warmup
-        self.lr = lr
+        self.clock_range = clock_range
         self.max_step_s = max_step_s
-        self.decode = _model(lr)
-        self.prefill = _model(lr)
-        self.decode_learned = 0
-        self.prefill_learned = 0
+        self.residual = stats.EWMean(alpha)
+        self.learned = 0
+        self.telemetry_ignored = 0  # readings refused: missing, NaN, out of range
+        self.status = "prior" if reference_clock_mhz is None else "telemetry"
+        self._said = False
 
-    def learn_one(
-        self, x: Mapping[str, Any], tpot_s: float | None = None, ttft_s: float | None = None
-    ) -> None:
-        if _usable(tpot_s, self.max_step_s):
-            self.decode.learn_one(_pick(x, DECODE_KEYS), float(tpot_s))  # type: ignore[arg-type]
-            self.decode_learned += 1
-        if _usable(ttft_s, 10 * self.max_step_s) and _usable(x.get("prompt_tokens"), math.inf):
-            self.prefill.learn_one(_pick(x, PREFILL_KEYS), float(ttft_s))  # type: ignore[arg-type]
-            self.prefill_learned += 1
+    # -- telemetry ------------------------------------------------------------------------------
 
-    def predict_one(self, x: Mapping[str, Any]) -> float:
-        c = self.coefficients(x)
+    def clock_factor(self, x: Mapping[str, Any]) -> float:
+        """``reference / clock``: 1 without a reference clock; 1, counted, when the reading
+        cannot be used."""
+        ref = self.reference_clock_mhz
+        if ref is None:
+            return 1.0
+        clock = next((x[k] for k in CLOCK_KEYS if x.get(k) is not None), None)
+        lo, hi = self.clock_range
+        usable = (
+            isinstance(clock, int | float)
+            and not isinstance(clock, bool)
+            and math.isfinite(clock)
+            and lo * ref <= clock <= hi * ref
+        )
+        if not usable:
+            self._refuse(clock)
+            return 1.0
+        if self.status != "telemetry":
+            self.status = "telemetry"
+            log.info("latency model: GPU clock readings usable again")
+        return ref / float(clock)  # type: ignore[arg-type]
+
+    def _refuse(self, clock: Any) -> None:
+        self.telemetry_ignored += 1
+        reason = "no clock reading" if clock is None else f"clock reading {clock!r} unusable"
+        self.status = f"prior: {reason}"
+        if not self._said:
+            self._said = True
+            log.warning(
+                "latency model: %s; planning with the profiled clock (said once, counted in "
+                "telemetry_ignored)",
+                reason,
+            )
+
+    # -- learning and predicting ----------------------------------------------------------------
+
+    def learn_one(self, x: Mapping[str, Any], tpot_s: float | None) -> None:
+        if not _usable(tpot_s, self.max_step_s) or tpot_s == 0:
+            return
         running = x.get("running", 1)
         n = float(running) if _usable(running, math.inf) else 1.0
-        return c.base_s + c.per_seq_s * n
+        expected = self.prior.step(n) * self.clock_factor(x)
+        if expected <= 0:
+            return
+        self.residual.update(math.log(float(tpot_s) / expected))  # type: ignore[arg-type]
+        self.learned += 1
+
+    def factor(self, x: Mapping[str, Any]) -> float:
+        """How many times the prior's step time a step takes now."""
+        learned = self.residual.get() if self.learned >= self.warmup else 0.0
+        return self.clock_factor(x) * math.exp(min(max(learned, -5.0), 5.0))
 
     def coefficients(self, x: Mapping[str, Any]) -> StepCoefficients:
-        prior = self.prior
-        base, per_seq, prefill = prior.base_s, prior.per_seq_s, prior.prefill_s_per_token
-        if self.decode_learned >= self.warmup:
-            one = _pick({**x, "running": 1.0}, DECODE_KEYS)
-            two = _pick({**x, "running": 2.0}, DECODE_KEYS)
-            at_one = self.decode.predict_one(one)
-            slope = self.decode.predict_one(two) - at_one
-            per_seq = max(slope, 0.0)
-            base = max(at_one - per_seq, prior.base_s * 0.1)
-        if self.prefill_learned >= self.warmup:
-            lo = self.prefill.predict_one(_pick({**x, "prompt_tokens": 0.0}, PREFILL_KEYS))
-            hi = self.prefill.predict_one(_pick({**x, "prompt_tokens": 1000.0}, PREFILL_KEYS))
-            prefill = max((hi - lo) / 1000.0, 0.0)
-        values = (base, per_seq, prefill)
-        if not all(math.isfinite(v) for v in values):
-            return prior
-        return StepCoefficients(min(base, self.max_step_s), min(per_seq, self.max_step_s), prefill)
+        c = self.prior.scaled(self.factor(x))
+        return StepCoefficients(
+            min(c.base_s, self.max_step_s), min(c.per_seq_s, self.max_step_s), c.prefill_s_per_token
+        )
+
+    def predict_one(self, x: Mapping[str, Any]) -> float:
+        running = x.get("running", 1)
+        n = float(running) if _usable(running, math.inf) else 1.0
+        return self.coefficients(x).step(n)
+
+    def state(self) -> dict[str, Any]:
+        """For ``/admin/state``: where its numbers come from, learned against profiled."""
+        return {
+            "status": self.status,
+            "learned": self.learned,
+            "telemetry_ignored": self.telemetry_ignored,
+            "profiled_step_s": self.prior.step(1),
+            "learned_factor": round(math.exp(self.residual.get()), 4) if self.learned else 1.0,
+        }
 
 
 def _usable(value: Any, upper: float) -> bool:

@@ -130,6 +130,9 @@ class InstanceStatsRow(Base):
     in_flight: Mapped[int | None] = mapped_column(Integer)
     prefix_cache_queries: Mapped[float | None] = mapped_column(Float)  # tokens, cumulative
     prefix_cache_hits: Mapped[float | None] = mapped_column(Float)
+    # One decode step with one sequence: as the latency model has learned it, as profiled.
+    step_s: Mapped[float | None] = mapped_column(Float)
+    profiled_step_s: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (Index(None, "ts"), Index(None, "instance", "ts"))
 

@@ -144,11 +144,14 @@ class Sampler:
 
     # -- features for learners and the controller -----------------------------------------------
 
-    def features(self, gpu_index: int | None = None, mono: float | None = None) -> dict[str, Any]:
-        """Window statistics of one GPU, or across all GPUs (mean of means, max of maxes)."""
+    def features(
+        self, gpu_index: int | None = None, mono: float | None = None, since: float | None = None
+    ) -> dict[str, Any]:
+        """Window statistics of one GPU, or across all GPUs (mean of means, max of maxes), over
+        the last ``window_s`` or from ``since`` (a request's span: what it ran on)."""
         now = self._clock() if mono is None else mono
         with self._lock:
-            per_gpu = {i: w.features(now) for i, w in self._windows.items()}
+            per_gpu = {i: w.features(now, since) for i, w in self._windows.items()}
         if gpu_index is not None:
             return per_gpu.get(gpu_index, {})
         if not per_gpu:

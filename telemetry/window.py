@@ -41,18 +41,25 @@ class GpuWindow:
                 value if last is None else self.alpha * value + (1 - self.alpha) * last
             )
 
-    def recent(self, mono: float) -> list[GpuReading]:
-        since = mono - self.window_s
+    def recent(self, mono: float, since: float | None = None) -> list[GpuReading]:
+        """The readings of the last ``window_s``; with ``since``, those from ``since`` to
+        ``mono`` and the one in force at ``since`` (a span shorter than a period has one), if
+        it is at most ``window_s`` older: readings that stopped say nothing of now."""
+        start = mono - self.window_s if since is None else since
         out = []
         for t, reading in reversed(self.ring):
-            if t < since:
+            if t > mono:
+                continue
+            if t < start:
+                if since is not None and t >= start - self.window_s:
+                    out.append(reading)
                 break
             out.append(reading)
         out.reverse()
         return out
 
-    def features(self, mono: float) -> dict[str, Any]:
-        recent = self.recent(mono)
+    def features(self, mono: float, since: float | None = None) -> dict[str, Any]:
+        recent = self.recent(mono, since)
         feats: dict[str, Any] = {}
         for name in _WINDOWED:
             values = [v for r in recent if (v := getattr(r, name)) is not None]

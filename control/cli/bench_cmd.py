@@ -27,6 +27,7 @@ HASHED = "mooncake_hashes"  # the Mooncake trace with its prefix-block hash ids
 class Suite(StrEnum):
     sim = "sim"
     real = "real"
+    fleet = "fleet"
     all = "all"
 
 
@@ -42,9 +43,13 @@ class Lengths(StrEnum):
 
 def bench_command(
     ctx: typer.Context,
-    suite: Annotated[Suite, typer.Option(help="Simulated cluster, real vLLM CPU, or both.")] = (
-        Suite.sim
-    ),
+    suite: Annotated[
+        Suite,
+        typer.Option(
+            help="Simulated cluster, real vLLM CPU, simulated fleets whose GPUs differ or slow "
+            "down (fleet), or all three."
+        ),
+    ] = Suite.sim,
     out: Annotated[Path, typer.Option(help="Directory for report.md, results.json, plots.")] = (
         Path("bench-out")
     ),
@@ -118,6 +123,16 @@ def bench_command(
     train_budget: Annotated[
         float, typer.Option(help="Most seconds to train the length model, the first time.")
     ] = 180.0,
+    fleet: Annotated[
+        str, typer.Option(help="fleet: a mixed fleet, COUNTxPROFILE joined by +.")
+    ] = "4xa100-llama2-7b+4xa30-llama2-7b",
+    homogeneous: Annotated[
+        str, typer.Option(help="fleet: the fleet whose instance 0 throttles, recovers, ...")
+    ] = "8xa100-llama2-7b",
+    fleet_scenarios: Annotated[
+        str,
+        typer.Option(help="fleet: mixed, throttle, recover, neighbour, fan, steady (all of them)."),
+    ] = "mixed,throttle,recover,neighbour,fan,steady",
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Stock vLLM behind round-robin and least-load, vLLM priority with steersman's predictions,
@@ -138,6 +153,10 @@ def bench_command(
     try:
         checks = _checked(suite, profile or ["a30-llama2-7b"], trace, scenarios, vllm_python)
         checks["policies"] = _policies(policies)
+        if suite in (Suite.fleet, Suite.all):
+            checks["fleet"] = _fleet_options(
+                fleet, homogeneous, fleet_scenarios, slo_ttft, steady_s, warmup_s, seed
+            )
     except (SetupError, ValueError) as exc:
         raise fail(str(exc), 2) from None
     out.mkdir(parents=True, exist_ok=True)
@@ -171,6 +190,10 @@ def bench_command(
         )
         results["sim"] = _sim_suite(
             console, counter, length_model, checks, lengths, block_tokens, options, out
+        )
+    if suite in (Suite.fleet, Suite.all):
+        results["fleet"] = _fleet_suite(
+            console, counter, length_model, checks["trace"], checks["fleet"], requests
         )
     if suite in (Suite.real, Suite.all):
         try:
@@ -207,8 +230,7 @@ def _checked(
     from steersman.data import path
 
     checks: dict[str, Any] = {"vllm_python": vllm_python}
-    if suite in (Suite.sim, Suite.all):
-        checks["profiles"] = {name: load_profile(name) for name in profiles}
+    if suite in (Suite.sim, Suite.fleet, Suite.all):
         bundled = trace in BUNDLED_TRACES
         source = path(trace) if bundled or trace == HASHED else Path(trace)
         if not bundled and trace != HASHED and not source.exists():
@@ -221,6 +243,8 @@ def _checked(
             checks["trace"] = arrival_trace(checks["hashed"])
         else:
             checks["trace"] = load_trace(source, strict=not bundled)
+    if suite in (Suite.sim, Suite.all):
+        checks["profiles"] = {name: load_profile(name) for name in profiles}
         checks["scenarios"] = tuple(s.strip() for s in scenarios.split(",") if s.strip())
         for scenario in checks["scenarios"]:
             if (problem := check_scenario(scenario)) is not None:
@@ -228,6 +252,47 @@ def _checked(
     if suite in (Suite.real, Suite.all):
         checks["vllm_python"] = str(checked_vllm_python(vllm_python))
     return checks
+
+
+def _fleet_options(
+    mixed: str,
+    homogeneous: str,
+    scenarios: str,
+    slo_ttft: float,
+    steady_s: float,
+    warmup_s: float,
+    seed: int,
+) -> Any:
+    from steersman.control.harness import fleet
+    from steersman.control.harness.bench import Steady
+
+    steady = Steady(duration_s=steady_s, warmup_s=min(warmup_s, steady_s / 2))
+    names = tuple(s.strip() for s in scenarios.split(",") if s.strip())
+    for flag, text in (("--fleet", mixed), ("--homogeneous", homogeneous)):
+        try:
+            profiles = fleet.parse_fleet(text)
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+    for name in names:
+        try:
+            fleet.scenario_fleet(name, profiles, steady)
+        except ValueError as exc:
+            raise ValueError(f"--fleet-scenarios: {exc}") from None
+    return fleet.FleetOptions(mixed, homogeneous, names, slo_ttft, steady=steady, seed=seed)
+
+
+def _fleet_suite(console, counter, length_model, trace, options, requests) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The trace's lengths, predicted with the length model's measured error."""
+    from steersman.control.harness import bench, fleet
+    from steersman.learners.hf import LengthModel
+
+    model = LengthModel.load(length_model)
+    errors = bench.model_errors(counter, model.predict_log, 1000, options.seed + 1)
+    profiles = fleet.parse_fleet(f"{options.fleet}+{options.homogeneous}")
+    window = min(p.max_model_len for p in profiles)
+    items = bench.trace_items(trace, errors, requests, window, options.seed)
+    console.print(f"fleet: {options.fleet}; {options.homogeneous}", markup=False)
+    return fleet.run(items, trace, options, say=lambda text: console.print(text, markup=False))
 
 
 def _policies(text: str) -> tuple[str, ...]:

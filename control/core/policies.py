@@ -19,8 +19,10 @@ class InstanceView:
     """One instance as a policy sees it at decision time.
 
     ``remaining`` holds the predicted remaining output tokens of each request steersman has in
-    flight there; ``step_s(n)`` = ``step_base_s + step_per_seq_s * n`` is the latency model's
-    decode step time with ``n`` running sequences; ``prefill_s_per_token`` its prefill cost.
+    flight there; ``prefill_backlog`` the prompt tokens of those that have not produced a token
+    yet (their prefill is ahead of a newcomer's); ``step_s(n)`` = ``step_base_s +
+    step_per_seq_s * n`` is the latency model's decode step time with ``n`` running sequences;
+    ``prefill_s_per_token`` its prefill cost.
     """
 
     name: str
@@ -33,6 +35,7 @@ class InstanceView:
     step_base_s: float = 0.01
     step_per_seq_s: float = 0.0005
     prefill_s_per_token: float = 0.0001
+    prefill_backlog: float = 0.0
 
     room: bool = True  # the scheduler's admission lets this request in here
     cached_tokens: int = 0  # of this request's prompt, what the instance likely holds cached
@@ -52,6 +55,7 @@ class DispatchContext:
     counter: int = 0  # dispatches so far, for round-robin
     true_tokens: int | None = None  # the oracle's input; benchmarks only
     impact_weight: float = 1.0
+    ttft_weight: float = 1.0  # predictive: the weight of the prefills ahead of a first token
     load_margin: float = math.inf  # predictive: only instances this close to the lowest load
     # Per instance, sum(min(remaining, length)): the scheduler passes it vectorised over every
     # request in flight; without it, it is computed from each view's ``remaining``.
@@ -122,7 +126,8 @@ def predictive(ctx: DispatchContext) -> Decision:
     """Block-style: roll each instance's batch forward with predicted remaining lengths and its
     latency model; score = the new request's predicted latency plus (``impact_weight`` times) the
     delay it adds to the requests already there, its prefill charged, to it and to each of them,
-    only for what the instance likely does not hold cached. The lowest score wins: affinity is
+    only for what the instance likely does not hold cached, and (``ttft_weight`` times) the
+    prefills still ahead of it there (its first token waits for them). The lowest score wins: affinity is
     weighed against load and decode time in one cost, so a hot prefix does not pile everything on
     one instance. Only instances whose ``least-load`` load is within ``load_margin`` of the lowest
     compete: the roll-forward knows decode time, not memory, and predictions are noisy, so an
@@ -161,7 +166,8 @@ def _costs(ctx: DispatchContext, length: float) -> dict[str, float]:
             # The uncached prefill delays the newcomer, and every request decoding beside it.
             prefill = max(ctx.prompt_tokens - view.cached_tokens, 1) * view.prefill_s_per_token
             scores[view.name] = (
-                prefill * (1.0 + ctx.impact_weight * view.in_flight)
+                (prefill + ctx.ttft_weight * view.prefill_backlog * view.prefill_s_per_token)
+                + prefill * ctx.impact_weight * view.in_flight
                 + length * (view.step_base_s + per_seq)
                 + weight * per_seq * float(steps)
             )

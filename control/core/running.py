@@ -12,6 +12,8 @@ instances costs a handful of array operations instead of a Python loop per reque
 ([70.0, 1.0], 2)
 >>> f.shared(50.0).tolist()  # per instance: the steps a newcomer of 50 tokens shares
 [51.0, 40.0]
+>>> f.prefilling().tolist()  # per instance: prompt tokens of requests with no token yet
+[0.0, 8.0]
 >>> f.remove("r1")
 'a'
 >>> f.count("a"), f.produced_of("a")
@@ -133,6 +135,13 @@ class InFlight:
         n = len(self.ids)
         weights = np.minimum(self.remaining() if left is None else left, length)
         return np.bincount(self.inst[:n], weights=weights, minlength=len(self.counts))
+
+    def prefilling(self) -> np.ndarray:
+        """Per instance (by index): prompt tokens of its requests that have produced nothing
+        yet, the prefill work a newcomer's first token waits behind."""
+        n = len(self.ids)
+        waiting = self.prompt[:n] * (self.produced[:n] == 0)
+        return np.bincount(self.inst[:n], weights=waiting, minlength=len(self.counts))
 
     def produced_of(self, name: str) -> dict[str, int]:
         k = self.index.get(name)

@@ -219,7 +219,8 @@ class Scheduler:
             else None
         )
         order = np.array([flying.instance(i.name) for i in instances], dtype=np.intp)
-        views = [self._view(i) for i in instances]
+        backlog = flying.prefilling()
+        views = [self._view(i, backlog) for i in instances]
         out: list[Assignment] = []
         while self._queue:
             _, _, rid = self._queue[0]
@@ -254,6 +255,7 @@ class Scheduler:
                     self._counter,
                     true_tokens=a.true_tokens,
                     impact_weight=self.dispatch.impact_weight,
+                    ttft_weight=self.dispatch.ttft_weight,
                     load_margin=self.dispatch.load_margin,
                     shared=lambda length, left=left: flying.shared(length, left)[order],
                 )
@@ -320,11 +322,14 @@ class Scheduler:
             index.resize(capacity)
         return index.cached(blocks) * instance.block
 
-    def _view(self, instance: InstanceState) -> InstanceView:
+    def _view(self, instance: InstanceState, backlog: np.ndarray | None = None) -> InstanceView:
         c = instance.step
+        flying = self._running
+        k = flying.instance(instance.name)
+        backlog = flying.prefilling() if backlog is None else backlog
         return InstanceView(
             instance.name,
-            in_flight=self._running.count(instance.name),
+            in_flight=flying.count(instance.name),
             cap=1 << 30 if self.dispatch.admission == "none" else instance.cap,
             healthy=instance.healthy,
             kv_usage=instance.kv_usage,
@@ -332,6 +337,7 @@ class Scheduler:
             step_base_s=c.base_s,
             step_per_seq_s=c.per_seq_s,
             prefill_s_per_token=c.prefill_s_per_token,
+            prefill_backlog=float(backlog[k]) if k < len(backlog) else 0.0,
         )
 
     # -- progress and outcomes ------------------------------------------------------------------

@@ -136,5 +136,12 @@ class DispatchSettings(_Section):
     impact_weight: float = Field(
         default=1.0, ge=0, description="predictive: weight of the delay added to others."
     )
+    ttft_weight: float = Field(
+        default=3.0,
+        ge=0,
+        description="predictive: what a second of waiting for the prefills already ahead of a "
+        "newcomer's first token at an instance counts, against a second of its decode (a late "
+        "first token is what a user sees first; 0 ignores them).",
+    )
     max_queue: int = Field(default=10_000, ge=0, description="Queued requests beyond this: 429.")
     queue_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait in the queue.")

@@ -30,13 +30,16 @@ from steersman.control.harness.workloads import (
 )
 from steersman.control.sim.driver import CoreDriver
 from steersman.control.sim.engine import SimEngine, SimRequest
+from steersman.control.sim.gpu import GpuEvent, SimGpu, SimGpuSource, spec_for
 from steersman.control.sim.profiles import StepModel
 from steersman.control.sim.virtual import run_cluster
 from steersman.control.training.bundled import bundled_records, held_out
 from steersman.learners.corrector import BASE_KEY, LengthCorrector
 from steersman.learners.features import request_features
+from steersman.learners.latency import LatencyModel
 from steersman.learners.tokens import TokenCounter
 from steersman.storage.query import percentile
+from steersman.telemetry.sampler import Sampler
 
 PredictLog = Callable[[list[str]], list[float]]
 CONSTANT_TOKENS = 128.0  # what a predictor that knows nothing says: the corrector's prior
@@ -98,6 +101,41 @@ STANDARD = (
     "constant",
 )
 PREFIX = ("round-robin", "least-load", "prefix-affinity", "steersman", "oracle")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Instances that differ or change: a profile each, on a simulated GPU that reports
+    telemetry, with ``events`` (instance -> its GPU's events: a throttle, a noisy neighbour);
+    ``prior``, what the core is told each instance is (the profile a URL-only instance gets:
+    None is each one's own); ``learn``: the latency models learn from outcomes and telemetry
+    (False: frozen at the priors)."""
+
+    profiles: tuple[StepModel, ...]
+    events: dict[int, tuple[GpuEvent, ...]] = field(default_factory=dict)
+    prior: StepModel | None = None
+    learn: bool = True
+
+    def engines(self, variant: Variant) -> list[SimEngine]:
+        out = []
+        for k, profile in enumerate(self.profiles):
+            gpu = SimGpu(spec_for(profile.name), list(self.events.get(k, ())), index=k)
+            out.append(SimEngine(profile, variant.engine, variant.dispatch.aging_s, gpu=gpu))
+        return out
+
+    def driver(self, core: Scheduler, engines: list[SimEngine], features: dict) -> CoreDriver:
+        priors = [self.prior or p for p in self.profiles]
+        steps = [p.coefficients() for p in priors]
+        if not self.learn:
+            return CoreDriver(core, steps, features=features)
+        models = [
+            LatencyModel(p.coefficients(), reference_clock_mhz=spec_for(p.name).boost_mhz)
+            for p in priors
+        ]
+        source = SimGpuSource(list(engines))
+        source.open()
+        sampler = Sampler(source, host="sim", clock=lambda: 0.0, wall=lambda: 0.0)
+        return CoreDriver(core, steps, features=features, latency=models, sampler=sampler)
 
 
 @dataclass(frozen=True)
@@ -233,6 +271,7 @@ def steady_run(
     kind: str = "trace",
     seed: int = 0,
     goodput: tuple[float, float] = (1.0, 0.1),
+    fleet: Fleet | None = None,
 ) -> dict[str, Any]:
     """One policy at ``rate`` for ``steady.duration_s`` of arrivals (the trace's shape, or a
     gamma process), measured over the requests that arrived after the warm-up."""
@@ -241,7 +280,7 @@ def steady_run(
     times = [t for t in times if t < steady.duration_s] or times[:2]
     cycled = [items[i % len(items)] for i in range(len(times))]
     run = run_sim(name, variant, cycled, times, profile, instances, goodput=goodput,
-                  window=steady.window())  # fmt: skip
+                  window=steady.window(), fleet=fleet)  # fmt: skip
     run["stable"] = not steady.growing(run["samples"], instances)
     run["window_s"] = list(steady.window())
     return run
@@ -257,9 +296,11 @@ def run_sim(
     *,
     goodput: tuple[float, float] = (1.0, 0.1),
     window: tuple[float, float] | None = None,
+    fleet: Fleet | None = None,
 ) -> dict[str, Any]:
     """One policy on one workload: every request's arrival at ``times[i]`` (seconds); the
-    figures are over the requests that arrived within ``window`` (all of them without one)."""
+    figures are over the requests that arrived within ``window`` (all of them without one).
+    With a ``fleet``, its instances instead of ``instances`` of ``profile``."""
     requests, features = [], {}
     for i, (item, t) in enumerate(zip(items, times, strict=True)):
         rid = f"r{i}"
@@ -283,9 +324,13 @@ def run_sim(
         corrector=LengthCorrector() if variant.predictor == "learned" else None,
         priorities=variant.priorities,
     )
-    driver = CoreDriver(core, profile.coefficients(), features=features)
-    aging = variant.dispatch.aging_s
-    engines = [SimEngine(profile, variant.engine, aging) for _ in range(instances)]
+    if fleet is None:
+        driver = CoreDriver(core, profile.coefficients(), features=features)
+        aging = variant.dispatch.aging_s
+        engines = [SimEngine(profile, variant.engine, aging) for _ in range(instances)]
+    else:
+        engines = fleet.engines(variant)
+        driver = fleet.driver(core, engines, features)
     started = time.perf_counter()
     run = run_cluster(requests, engines, driver)
     measured = run.finished
@@ -294,6 +339,13 @@ def run_sim(
     out = measure(measured, driver.dispatched, goodput)
     out["measured"] = len(measured)
     out["samples"] = driver.samples
+    out["learned"] = driver.learned
+    by: list[list[float]] = [[] for _ in engines]
+    for r in measured:
+        if r.first_token_at is not None:
+            by[driver.served[r.id]].append(r.first_token_at - r.arrival)
+    out["served_by"] = [len(t) for t in by]
+    out["ttft_p99_by_instance"] = [_round(percentile(t, 0.99)) for t in by]
     out["ttft_by_arrival"] = [
         (r.arrival, r.first_token_at - r.arrival) for r in run.finished if r.first_token_at
     ]
@@ -392,6 +444,7 @@ def capacity(
     start: float = 1.0,
     near: float | None = None,
     seed: int = 0,
+    fleet: Fleet | None = None,
 ) -> float:
     """The highest steady arrival rate (to 2%) at which the policy keeps P99 TTFT within the
     bound and its backlog from growing (``steady``). ``near``, another policy's capacity,
@@ -401,7 +454,9 @@ def capacity(
 
     @functools.cache
     def ok(rate: float) -> bool:
-        run = steady_run(name, variant, items, trace, rate, profile, instances, steady, seed=seed)
+        run = steady_run(
+            name, variant, items, trace, rate, profile, instances, steady, seed=seed, fleet=fleet
+        )
         p99 = run["ttft_p99_s"]
         return run["stable"] and p99 is not None and p99 <= slo_ttft_p99_s
 

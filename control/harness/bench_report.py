@@ -35,6 +35,8 @@ def report(results: dict[str, Any]) -> str:
     )
     if results.get("sim"):
         lines += sim_section(results["sim"])
+    if results.get("fleet"):
+        lines += fleet_section(results["fleet"])
     if results.get("real"):
         lines += real_section(results["real"])
     return "\n".join(lines) + "\n"
@@ -135,6 +137,79 @@ def ratios(runs: list[dict[str, Any]]) -> str:
             ]
             text += f" steersman to {other}: " + ", ".join(got) + "."
     return text
+
+
+FLEET = ("ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "norm_mean_s")
+CHANGES = {
+    "throttle": "its clock capped at 60% from a third of the measured window on",
+    "recover": "capped at 60% from the start, back to full clock at half the run",
+    "neighbour": "another tenant takes half its SMs from a third of the measured window on",
+    "fan": "its cooling at a quarter of normal from the start (it throttles itself)",
+    "steady": "nothing changes",
+}
+
+
+def fleet_section(fleet: dict[str, Any]) -> list[str]:
+    o = fleet["options"]
+    s = o["steady_state"]
+    lines = [
+        "",
+        "## Fleets that differ and GPUs that slow down",
+        "",
+        f"Simulated GPUs report telemetry through the sampler; `steersman` plans with latency "
+        "models that learn from outcomes and the GPUs' clocks, `steersman-frozen` with the same "
+        "priors, frozen. Each run: {s['duration_s']:g} s of arrivals, the first "
+        f"{s['warmup_s']:g} s left out; capacity at P99 TTFT <= {o['slo_ttft_p99_s']} s.",
+    ]
+    mixed = fleet["scenarios"].get("mixed")
+    if mixed:
+        base = mixed["least-load"]["capacity_rps"]
+        lines += [
+            "",
+            f"### Mixed fleet: {o['fleet']}",
+            "",
+            "Every instance declared as the first profile (what an instance given only by URL "
+            "is planned with); the figures at 0.8x least-load's capacity.",
+            "",
+            "| policy | capacity (req/s) | to least-load | TTFT p99 | E2E mean | served per "
+            "instance |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, r in mixed.items():
+            at = r["at_0.8"]
+            lines.append(
+                f"| {name} | {_fmt(r['capacity_rps'])} | {_ratio(r['capacity_rps'], base)} | "
+                f"{_fmt(at['ttft_p99_s'])} | {_fmt(at['e2e_mean_s'])} | {at['served_by']} |"
+            )
+    for scenario, runs in fleet["scenarios"].items():
+        if scenario == "mixed":
+            continue
+        lines += [
+            "",
+            f"### {o['homogeneous']}, {scenario}: instance 0 {CHANGES.get(scenario, '')}",
+            "",
+            f"At {_fmt(runs['rate_rps'])} req/s ({o['level']:g}x least-load's capacity on it). "
+            "Tracked: requests on instance 0 (and seconds) after the change until its step-time "
+            "factor, relative to the others', stays within 10% of the true slowdown's.",
+            "",
+            "| policy | " + " | ".join(FLEET) + " | to instance 0 | tracked after |",
+            "|---" * (len(FLEET) + 3) + "|",
+        ]
+        base = runs.get("least-load", {})
+        for name, r in runs.items():
+            if name == "rate_rps":
+                continue
+            track = r.get("tracking") or {}
+            tracked = (
+                f"{track['requests']} ({_fmt(track['seconds'])} s)"
+                if track.get("requests") is not None
+                else "-"
+            )
+            cells = [f"{_fmt(r[m])} ({_ratio(r[m], base.get(m))})" for m in FLEET]
+            lines.append(
+                f"| {name} | " + " | ".join(cells) + f" | {r['served_by'][0]} | {tracked} |"
+            )
+    return lines
 
 
 REAL = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s", "norm_mean_s")

@@ -46,6 +46,10 @@ def admin_state(svc: Steersman) -> dict[str, Any]:
                     if i.name in svc.no_kv_capacity
                     else d.admission
                 ),
+                "latency_model": {
+                    **i.latency.state(),
+                    "step_s": i.coefficients.step(1) if i.coefficients else None,
+                },
             }
             for i in svc.instances.values()
         ],

@@ -92,8 +92,10 @@ class Daemon:
         self.metrics = Metrics(
             self.sampler.latest if self.sampler else None, admission=lambda: scheduler.stats
         )
+        sampler = self.sampler
+        gpu_features = (lambda i, since: sampler.features(i, since=since)) if sampler else None
         self.service = Steersman(
-            [make_instance(spec, s.gateway, count) for spec in s.instances],
+            [make_instance(spec, s.gateway, count, gpu_features) for spec in s.instances],
             predictor,
             scheduler,
             record=self.writer.submit,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from steersman.control.backends.base import Backend
@@ -11,6 +11,7 @@ from steersman.control.backends.sim import SimBackend
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.core.scheduler import InstanceState
 from steersman.control.serve.sections import GatewaySettings, InstanceSettings
+from steersman.control.sim.gpu import spec_for
 from steersman.control.sim.profiles import load_profile
 from steersman.learners.latency import LatencyModel, StepCoefficients
 
@@ -21,7 +22,8 @@ DEFAULT_URL_PROFILE = "a100-llama2-7b"
 class Instance:
     """One serving instance. ``kv_usage`` and ``waiting`` come from the engine (simulated) or
     its /metrics (vLLM); ``coefficients`` cache the latency model's step times, re-read when it
-    learns or the KV usage moves, so a decision costs no model evaluation."""
+    learns or the load is read, so a decision costs no model evaluation; ``telemetry`` gives
+    the readings of the GPU it runs on (nothing when that is not known)."""
 
     name: str
     backend: Backend
@@ -37,9 +39,22 @@ class Instance:
     kv_capacity: int | None = None  # KV cache tokens, from the profile or vLLM's /metrics
     block: int = 16
     coefficients: StepCoefficients | None = None
+    telemetry: Callable[[float | None], Mapping[str, Any]] = field(default=lambda since: {})
+
+    def gpu(self, since: float | None = None) -> Mapping[str, Any]:
+        """Its GPU's readings, of the last window or since ``since`` (monotonic seconds)."""
+        try:
+            return self.telemetry(since)
+        except Exception:  # telemetry is advisory: a failing source costs features, not requests
+            return {}
 
     def refresh(self) -> None:
-        self.coefficients = self.latency.coefficients({"kv_usage": self.kv_usage})
+        self.coefficients = self.latency.coefficients(self.gpu())
+
+    def step_times(self) -> dict[str, float | None]:
+        """One decode step with one sequence, learned and profiled (for the history)."""
+        learned = self.coefficients.step(1) if self.coefficients is not None else None
+        return {"step_s": learned, "profiled_step_s": self.latency.prior.step(1)}
 
     def state(self) -> InstanceState:
         if self.coefficients is None:
@@ -58,8 +73,13 @@ class Instance:
 
 
 def make_instance(
-    spec: InstanceSettings, gateway: GatewaySettings, count: Callable[[str], int] | None
+    spec: InstanceSettings,
+    gateway: GatewaySettings,
+    count: Callable[[str], int] | None,
+    gpu_features: Callable[[int, float | None], Mapping[str, Any]] | None = None,
 ) -> Instance:
+    """``gpu_features(index, since)``: the telemetry sampler's readings of one local GPU, for
+    instances that name theirs (``gpu``): their latency model then follows that GPU's clock."""
     profile = load_profile(spec.profile or spec.sim or DEFAULT_URL_PROFILE)
     capacity, block = None, 16
     if spec.sim is not None:
@@ -75,13 +95,19 @@ def make_instance(
             read_timeout_s=gateway.read_timeout_s,
             api_key=key,
         )
+    index = spec.gpu
+    watched = index is not None and gpu_features is not None
     return Instance(
         spec.label,
         backend,
-        LatencyModel(profile.coefficients()),
+        LatencyModel(
+            profile.coefficients(),
+            reference_clock_mhz=spec_for(profile.name).boost_mhz if watched else None,
+        ),
         cap=spec.max_in_flight,
         send_priority=spec.priority,
         send_predictions=spec.priority and spec.predictions,
         kv_capacity=capacity,
         block=block,
+        telemetry=(lambda since: gpu_features(index, since)) if watched else (lambda since: {}),  # type: ignore[misc]
     )

@@ -34,8 +34,16 @@ class LoadWatcher:
     ) -> None:
         self.instances = instances
         self.settings = settings
-        self.sink = sink
         self.in_flight = in_flight
+        by_name = {i.name: i for i in instances}
+
+        def with_steps(row: dict[str, Any]) -> None:
+            instance = by_name.get(row.get("instance", ""))
+            if instance is not None:
+                row = {**row, **instance.step_times()}
+            sink(row)
+
+        self.sink = with_steps
         urls = {
             i.name: i.backend.base_url for i in instances if isinstance(i.backend, VllmHttpBackend)
         }
@@ -44,7 +52,7 @@ class LoadWatcher:
             client,
             interval_s=settings.scrape_interval_s,
             timeout_s=settings.scrape_timeout_s,
-            sink=sink,
+            sink=with_steps,
         )
         self.no_capacity: set[str] = set()  # said once: these fall back to the count cap
         self._next_row = 0.0

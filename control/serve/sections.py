@@ -37,6 +37,14 @@ class InstanceSettings(_Section):
         description="Step-time profile (name or .json file) the latency model starts from; "
         "empty: the sim profile, or a100-llama2-7b for a url.",
     )
+    gpu: int | None = Field(
+        default=None,
+        ge=0,
+        description="Index of the local GPU (as NVML numbers them) this instance runs on: its "
+        "latency model then scales with that GPU's SM clock (a throttle is planned for at the "
+        "next reading) against the boost clock of the profile's GPU. Empty: the instance's "
+        "step times are learned from its outcomes alone.",
+    )
     priority: bool = Field(
         default=True,
         description="Send vLLM priorities (the server runs --scheduling-policy priority); "

@@ -336,13 +336,9 @@ class Steersman:
         if rec.e2e_s is not None:
             self.metrics.e2e.observe(rec.e2e_s)
         if instance is not None and job.assignment is not None:
-            x = {
-                "running": job.assignment.running + 1,
-                "kv_usage": instance.kv_usage,
-                "prompt_tokens": result.prompt_tokens or job.prediction.prompt_tokens,
-            }
-            x.update({k[4:]: v for k, v in job.prediction.x.items() if k.startswith("gpu_")})
-            instance.latency.learn_one(x, result.tpot, result.ttft)
+            # The clock it decoded at: its GPU's readings since its first token.
+            x = {"running": job.assignment.running + 1, **instance.gpu(result.first_token_at)}
+            instance.latency.learn_one(x, result.tpot)
             instance.refresh()
         self.apply(report)
 

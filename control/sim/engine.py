@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from steersman.control.core.prefix import block_hashes
+from steersman.control.sim.gpu import SimGpu
 from steersman.control.sim.prefix_cache import PrefixCache
 from steersman.control.sim.profiles import StepModel
 
@@ -99,7 +100,8 @@ class SimEngine:
     victim is the largest (priority, arrival), as vLLM's priority policy does) or "steersman"
     (steersman's vLLM scheduler class: the waiting queue by predicted remaining length with
     aging, the victim the running request that order puts last: the longest predicted remaining
-    length among the youngest)."""
+    length among the youngest). With a ``gpu``, every step takes ``gpu.slowdown`` times the
+    profile's time (a throttled clock, a noisy neighbour)."""
 
     def __init__(
         self,
@@ -107,10 +109,12 @@ class SimEngine:
         policy: str = "fcfs",
         aging_s: float = 1.0,
         prefix_caching: bool = True,
+        gpu: SimGpu | None = None,
     ) -> None:
         if policy not in ("fcfs", "priority", "steersman"):
             raise ValueError(f"unknown scheduling policy {policy!r}")
         self.model = model
+        self.gpu = gpu
         self.policy = policy
         self.aging_s = aging_s
         self.cache = PrefixCache() if prefix_caching else None
@@ -147,6 +151,16 @@ class SimEngine:
 
     def has_work(self) -> bool:
         return bool(self.running or self._waiting)
+
+    def busy_s(self) -> float:
+        return self.stats.busy_s
+
+    def _slowdown(self, now: float | None) -> float:
+        if self.gpu is None:
+            return 1.0
+        if now is not None:
+            self.gpu.advance(now, self.stats.busy_s)
+        return self.gpu.slowdown
 
     def kv_usage(self) -> float:
         return 1.0 - self.free_blocks / self.model.num_blocks
@@ -212,9 +226,8 @@ class SimEngine:
             else:
                 prefill += n
                 joins += r.computed == 0
-        return Plan(
-            work, prefill, decode, context, model.step_time(prefill, decode, context, joins)
-        )
+        duration = model.step_time(prefill, decode, context, joins) * self._slowdown(now)
+        return Plan(work, prefill, decode, context, duration)
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request wherever it is (a client went away); its blocks are freed."""
@@ -328,7 +341,9 @@ class SimEngine:
 
     # -- many decode steps at once (virtual time) -----------------------------------------------
 
-    def plan_decode_run(self, horizon: float = float("inf")) -> Plan | None:
+    def plan_decode_run(
+        self, horizon: float = float("inf"), now: float | None = None
+    ) -> Plan | None:
         """Take ``k`` pure decode steps in one go while nothing else can change: every running
         request decodes, none finishes before the k-th step, the queue cannot be admitted, the KV
         blocks suffice, and the k steps end by ``horizon``. A driver that adds a request during
@@ -350,8 +365,9 @@ class SimEngine:
             if left < k:
                 k = left
             context += r.computed + 1
-        base = m.a + m.c * n + m.d * context
-        growth = m.d * n  # the context grows by n tokens per step
+        slow = self._slowdown(now)
+        base = (m.a + m.c * n + m.d * context) * slow
+        growth = m.d * n * slow  # the context grows by n tokens per step
         bs = m.block_size
 
         def duration(steps: int) -> float:

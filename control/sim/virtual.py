@@ -11,6 +11,8 @@ from typing import Protocol
 
 from steersman.control.sim.engine import Plan, SimEngine, SimRequest
 
+RUN_HORIZON_S = 0.5
+
 # A dispatch policy: (the arriving request, the engines, now) -> index of the chosen engine.
 Dispatch = Callable[[SimRequest, Sequence[SimEngine], float], int]
 
@@ -84,7 +86,9 @@ def run_cluster(
         if not engine.has_work():
             busy[k] = False
             return
-        plan = engine.plan_decode_run() or engine.plan(now)
+        # A GPU's speed can change (a throttle): runs end within a period, to be planned anew.
+        horizon = RUN_HORIZON_S if engine.gpu is not None else math.inf
+        plan = engine.plan_decode_run(horizon, now) or engine.plan(now)
         if plan is None:
             busy[k] = False  # nothing fits until something else finishes
             return

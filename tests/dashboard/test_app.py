@@ -58,7 +58,10 @@ def test_every_page_renders_the_populated_history(monkeypatch, populated_url, na
         assert len(at.get("vega_lite_chart")) == 6
         assert len(at.dataframe[0].value) == 2 * 10  # throttled readings
     elif name == "Instances":
-        assert set(at.dataframe[0].value["instance"]) == {"sim-a", "sim-b"}
+        latest = at.dataframe[0].value
+        assert set(latest["instance"]) == {"sim-a", "sim-b"}
+        assert (latest["step_s"] > 0).all() and (latest["profiled_step_s"] > 0).all()
+        assert "Decode step time: learned vs profiled" in [h.value for h in at.subheader]
     elif name == "Models":
         assert metric(at, "Promoted") == "roberta-test-1"
 

@@ -48,6 +48,11 @@ def test_accuracy_fallbacks_compensation_and_instances(populated_url):
     assert latency["requests"].sum() == REPLAYED
     stats = data.instance_stats(engine, None)
     assert set(stats["instance"]) == {"sim-a", "sim-b"}
+    steps = data.step_times(stats)
+    assert set(steps["series"]) == {
+        f"sim-{k} ({kind})" for k in "ab" for kind in ("learned", "profiled")
+    }
+    assert (steps["seconds"] > 0).all()
 
 
 def test_time_window_filters(populated_url):

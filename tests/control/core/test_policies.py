@@ -161,3 +161,13 @@ def test_one_request_more_than_the_least_loaded_still_competes_on_small_instance
     decision = predictive(ctx)
     assert set(decision.scores) == {"holder", "idle"}
     assert decision.instance == "holder"
+
+
+def test_predictive_counts_the_prefills_still_ahead_of_a_first_token():
+    # Same load, same decode work: b's requests have all started, a's 3,000 prompt tokens have
+    # not, and the newcomer's first token would wait behind them.
+    a = InstanceView("a", in_flight=2, remaining=(50.0, 50.0), prefill_backlog=3000.0)
+    b = InstanceView("b", in_flight=2, remaining=(50.0, 50.0))
+    assert predictive(ctx([a, b])).instance == "b"
+    scores = predictive(ctx([a, b])).scores
+    assert scores["a"] - scores["b"] == pytest.approx(3000 * a.prefill_s_per_token)

@@ -1,0 +1,235 @@
+"""Fleets that differ and GPUs that slow down: policies side by side on simulated instances whose
+GPUs report telemetry (``control/sim/gpu.py``), with the latency models learning and frozen.
+
+Scenarios (instance 0 is the one that changes; the change comes after the warm-up):
+- ``mixed``: the fleet as given (e.g. 4 x A100 + 4 x A30), every instance declared as the first
+  profile (what an instance given only by URL is planned with), capacity at the SLO;
+- ``throttle``: its clock capped at 60% from a third of the run on (a power cap, a slowdown);
+- ``recover``: capped at 60% from the start, back to full clock at half the run;
+- ``neighbour``: another tenant takes half its SMs from a third of the run on;
+- ``fan``: its cooling at a quarter of normal from the start: it heats up and throttles itself;
+- ``steady``: nothing changes: learning must cost nothing where nothing changes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from steersman.control.harness import bench
+from steersman.control.harness.workloads import Trace
+from steersman.control.sim.gpu import GpuEvent
+from steersman.control.sim.profiles import StepModel, load_profile
+
+SCENARIOS = ("mixed", "throttle", "recover", "neighbour", "fan", "steady")
+POLICIES = ("least-load", "steersman", "steersman-frozen")
+TRACKED = 0.10  # a model tracks a change once its step-time error stays under this
+
+
+def parse_fleet(text: str) -> tuple[StepModel, ...]:
+    """``"4xa100-llama2-7b+4xa30-llama2-7b"``: profiles with counts, in order.
+
+    >>> [p.name for p in parse_fleet("1xa100-llama2-7b+2xa30-llama2-7b")]
+    ['a100-llama2-7b', 'a30-llama2-7b', 'a30-llama2-7b']
+    >>> parse_fleet("2xa100-llama2-7b+x")
+    Traceback (most recent call last):
+    ...
+    ValueError: fleet '2xa100-llama2-7b+x': part 'x' is not COUNTxPROFILE (e.g. 4xa100-llama2-7b)
+    """
+    out: list[StepModel] = []
+    for part in text.split("+"):
+        count, _, name = part.strip().partition("x")
+        if not count.isdigit() or int(count) < 1 or not name:
+            raise ValueError(
+                f"fleet {text!r}: part {part!r} is not COUNTxPROFILE (e.g. 4xa100-llama2-7b)"
+            )
+        try:
+            out.extend([load_profile(name)] * int(count))
+        except ValueError as exc:
+            raise ValueError(f"fleet {text!r}: {exc}") from None
+    return tuple(out)
+
+
+def scenario_fleet(
+    scenario: str, profiles: tuple[StepModel, ...], steady: bench.Steady
+) -> tuple[bench.Fleet, float | None]:
+    """The fleet of a scenario and when its change happens (None: nothing changes then)."""
+    third = steady.warmup_s + (steady.duration_s - steady.warmup_s) / 3
+    half = steady.duration_s / 2
+    events: dict[str, tuple[float | None, tuple[GpuEvent, ...]]] = {
+        "mixed": (None, ()),
+        "steady": (None, ()),
+        "throttle": (third, (GpuEvent(third, clock_cap=0.6),)),
+        "recover": (half, (GpuEvent(0.0, clock_cap=0.6), GpuEvent(half, clock_cap=1.0))),
+        "neighbour": (third, (GpuEvent(third, contention=0.5),)),
+        "fan": (None, (GpuEvent(0.0, cooling=0.25),)),
+    }
+    if scenario not in events:
+        raise ValueError(f"unknown fleet scenario {scenario!r}: {', '.join(SCENARIOS)}")
+    at, evs = events[scenario]
+    prior = profiles[0] if scenario == "mixed" else None
+    return bench.Fleet(profiles, {0: evs} if evs else {}, prior=prior), at
+
+
+def variant_fleets(fleet: bench.Fleet) -> dict[str, tuple[bench.Variant, bench.Fleet]]:
+    v = bench.variants()
+    return {
+        "least-load": (v["least-load"], fleet),
+        "steersman": (v["steersman"], fleet),
+        "steersman-frozen": (v["steersman"], replace(fleet, learn=False)),
+    }
+
+
+def tracking(learned: Sequence[tuple[float, int, float, float]], at: float) -> dict[str, Any]:
+    """How long instance 0's latency model took to follow a change at ``at``. Its step-time
+    factor is taken relative to the other instances' (the median of their latest factors: the
+    load they share moves them all), against the same ratio of the GPUs' true slowdowns; the
+    error is that over its median in the 30 s before the change, minus one. Tracked at the
+    first outcome after which 20 in a row are within ``TRACKED``.
+
+    >>> before = [(t + d, k, 1.2, 1.0) for t in range(70, 100) for k, d in ((1, 0), (0, .5))]
+    >>> after = [(100 + t + d, k, 1.2 * (min(1 + t / 10, 1.6) if k == 0 else 1), 1.6 if k == 0
+    ...           else 1.0) for t in range(60) for k, d in ((1, 0), (0, .5))]
+    >>> tracking(before + after, 100.0)
+    {'requests': 5, 'seconds': 5.5, 'error_before': 0.0, 'error_after_200': None}
+    """
+    latest: dict[int, tuple[float, float]] = {}
+    mine = []  # (time, relative factor over relative truth) at instance 0's outcomes
+    for t, k, factor, truth in sorted(learned):
+        latest[k] = (factor, truth)
+        others = [v for j, v in latest.items() if j != 0]
+        if k == 0 and others:
+            f = factor / statistics.median(v[0] for v in others)
+            truth_ratio = truth / statistics.median(v[1] for v in others)
+            mine.append((t, f / truth_ratio))
+    base = [r for t, r in mine if at - 30 <= t < at]
+    after = [(t, r) for t, r in mine if t >= at]
+    if not base or not after:
+        return {"requests": None, "seconds": None}
+    ref = statistics.median(base)
+    errors = [abs(r / ref - 1) for _, r in after]
+    found = next(
+        (i for i in range(len(errors)) if all(e < TRACKED for e in errors[i : i + 20])), None
+    )
+    return {
+        "requests": found,
+        "seconds": None if found is None else round(after[found][0] - at, 2),
+        "error_before": round(statistics.fmean(abs(r / ref - 1) for r in base), 4),
+        "error_after_200": round(statistics.fmean(errors[200:]), 4) if errors[200:] else None,
+    }
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    fleet: str = "4xa100-llama2-7b+4xa30-llama2-7b"
+    homogeneous: str = "8xa100-llama2-7b"
+    scenarios: tuple[str, ...] = SCENARIOS
+    slo_ttft_s: float = 1.0
+    level: float = 0.8  # the change scenarios' load, of least-load's capacity on the fleet
+    steady: bench.Steady = field(default_factory=bench.Steady)
+    seed: int = 0
+
+
+def run(
+    items: Sequence[bench.Item],
+    trace: Trace,
+    options: FleetOptions,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Every scenario, every policy, on identical requests and arrivals."""
+    mixed, homogeneous = parse_fleet(options.fleet), parse_fleet(options.homogeneous)
+    steady = options.steady
+    out: dict[str, Any] = {"options": _described(options), "scenarios": {}}
+    base_capacity: float | None = None
+    for scenario in options.scenarios:
+        profiles = mixed if scenario == "mixed" else homogeneous
+        fleet, at = scenario_fleet(scenario, profiles, steady)
+        runs: dict[str, Any] = {}
+        if scenario == "mixed":
+            runs = _capacities(items, trace, fleet, options, say)
+        else:
+            if base_capacity is None:
+                base_capacity = _capacity("least-load", items, trace, fleet, options)
+            rate = options.level * base_capacity
+            for name, (variant, f) in variant_fleets(fleet).items():
+                r = bench.steady_run(name, variant, items, trace, rate, profiles[0],
+                                     len(profiles), steady, seed=options.seed, fleet=f)  # fmt: skip
+                runs[name] = _summary(r, at)
+                say(_line(scenario, name, runs[name]))
+            if scenario == "steady":  # the same policy without simulated GPUs or learning
+                r = bench.steady_run("steersman", bench.variants()["steersman"], items, trace,
+                                     rate, profiles[0], len(profiles), steady,
+                                     seed=options.seed)  # fmt: skip
+                runs["steersman-no-telemetry"] = _summary(r, None)
+                say(_line(scenario, "steersman-no-telemetry", runs["steersman-no-telemetry"]))
+            runs["rate_rps"] = round(rate, 3)
+        out["scenarios"][scenario] = runs
+    return out
+
+
+def _capacities(items, trace, fleet, options, say) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    runs: dict[str, Any] = {}
+    near = None
+    for name, (variant, f) in variant_fleets(fleet).items():
+        rate = _capacity(name, items, trace, f, options, near=near, variant=variant)
+        near = near or rate
+        r = bench.steady_run(name, variant, items, trace, 0.8 * near, f.profiles[0],
+                             len(f.profiles), options.steady, seed=options.seed,
+                             fleet=f)  # fmt: skip
+        runs[name] = {"capacity_rps": round(rate, 3), "at_0.8": _summary(r, None)}
+        say(f"mixed {name:<18} capacity {rate:.2f} req/s; at 0.8x least-load's: "
+            + _line("", "", runs[name]["at_0.8"]))  # fmt: skip
+    return runs
+
+
+def _capacity(
+    name: str,
+    items: Sequence[bench.Item],
+    trace: Trace,
+    fleet: bench.Fleet,
+    options: FleetOptions,
+    *,
+    near: float | None = None,
+    variant: bench.Variant | None = None,
+) -> float:
+    variant = variant or bench.variants()[name]
+    p = fleet.profiles
+    return bench.capacity(name, variant, items, trace, p[0], len(p), options.slo_ttft_s,
+                          options.steady, start=10.0, near=near, seed=options.seed,
+                          fleet=fleet)  # fmt: skip
+
+
+def _summary(run: dict[str, Any], at: float | None) -> dict[str, Any]:
+    keys = ("ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "norm_mean_s", "stable",
+            "measured", "preemptions", "served_by")  # fmt: skip
+    out = {k: run[k] for k in keys}
+    if at is not None and run["learned"]:
+        out["tracking"] = tracking(run["learned"], at)
+    mine = [(f, truth) for _, k, f, truth in run["learned"] if k == 0]
+    if mine:
+        out["instance0_factor_end"] = round(mine[-1][0], 4)
+        out["instance0_slowdown_end"] = round(mine[-1][1], 4)
+    return out
+
+
+def _line(scenario: str, name: str, r: dict[str, Any]) -> str:
+    track = r.get("tracking", {}).get("requests")
+    return (
+        f"{scenario} {name:<22} ttft p99 {r['ttft_p99_s']} e2e mean {r['e2e_mean_s']} "
+        f"stable {r['stable']} served {r['served_by']}"
+        + (f" tracked after {track} requests" if track is not None else "")
+    )
+
+
+def _described(options: FleetOptions) -> dict[str, Any]:
+    s = options.steady
+    return {
+        "fleet": options.fleet,
+        "homogeneous": options.homogeneous,
+        "slo_ttft_p99_s": options.slo_ttft_s,
+        "level": options.level,
+        "steady_state": {"duration_s": s.duration_s, "warmup_s": s.warmup_s, "growth": s.growth},
+        "seed": options.seed,
+    }

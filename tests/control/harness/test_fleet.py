@@ -1,0 +1,75 @@
+"""Fleets that differ and GPUs that slow down, in virtual time: small runs, exact outcomes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from steersman.control.harness import bench, fleet
+from steersman.control.harness.workloads import Trace, TraceRow
+
+STEADY = bench.Steady(duration_s=90.0, warmup_s=15.0)
+
+
+@pytest.fixture(scope="module")
+def workload() -> tuple[list[bench.Item], Trace]:
+    rng = random.Random(3)
+    rows, t = [], 0.0
+    for _ in range(2000):
+        t += rng.expovariate(1.0)
+        rows.append(TraceRow(t, rng.randint(50, 800), rng.randint(20, 400)))
+    trace = Trace(rows, skipped=0)
+    errors = [rng.gauss(0.0, 0.5) for _ in range(500)]
+    return bench.trace_items(trace, errors, 2000, 4096, 0), trace
+
+
+def run(workload, scenario: str, name: str, rate: float = 6.0) -> tuple[dict, float | None]:
+    items, trace = workload
+    profiles = fleet.parse_fleet("2xa100-llama2-7b")
+    f, at = fleet.scenario_fleet(scenario, profiles, STEADY)
+    variant, chosen = fleet.variant_fleets(f)[name]
+    r = bench.steady_run(name, variant, items, trace, rate, profiles[0], 2, STEADY, fleet=chosen)
+    return r, at
+
+
+def test_the_learning_model_follows_a_throttle_the_frozen_one_does_not_see(workload):
+    learning, at = run(workload, "throttle", "steersman")
+    assert at is not None
+    mine = [(t, f, truth) for t, k, f, truth in learning["learned"] if k == 0]
+    before = [f for t, f, _ in mine if t < at]
+    after = [(f, truth) for t, f, truth in mine if t > at + 20]
+    assert before and after and all(truth == pytest.approx(1 / 0.6) for _, truth in after)
+    # The factor it plans instance 0 with rose by about the clock's drop.
+    ratio = sorted(f for f, _ in after)[len(after) // 2] / sorted(before)[len(before) // 2]
+    assert 1.4 < ratio < 2.0
+    track = fleet.tracking(learning["learned"], at)
+    assert track["requests"] is not None and track["seconds"] is not None
+    frozen, _ = run(workload, "throttle", "steersman-frozen")
+    assert frozen["learned"] == []  # frozen at the priors: nothing learned, no telemetry read
+    assert sum(frozen["served_by"]) == sum(learning["served_by"]) == learning["measured"]
+
+
+def test_nothing_changes_where_no_gpu_changes(workload):
+    steady, _ = run(workload, "steady", "steersman")
+    truths = {truth for _, _, _, truth in steady["learned"]}
+    assert truths == {1.0}  # a healthy, moderately loaded GPU never throttles
+    assert steady["stable"] and steady["finished"] == steady["requests"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("4xa100-llama2-7b+x", "part 'x' is not COUNTxPROFILE"),
+        ("0xa100-llama2-7b", "part '0xa100-llama2-7b' is not COUNTxPROFILE"),
+        ("2xb200-llama9", "unknown simulator profile 'b200-llama9'"),
+    ],
+)
+def test_a_bad_fleet_is_refused_naming_the_part(text, message):
+    with pytest.raises(ValueError, match=message):
+        fleet.parse_fleet(text)
+
+
+def test_an_unknown_scenario_is_refused_listing_the_known_ones():
+    with pytest.raises(ValueError, match="unknown fleet scenario 'melt': mixed, throttle"):
+        fleet.scenario_fleet("melt", fleet.parse_fleet("1xa100-llama2-7b"), STEADY)
