@@ -147,6 +147,16 @@ class LatencyModel:
         n = float(running) if _usable(running, math.inf) else 1.0
         return self.coefficients(x).step(n)
 
+    def adopt(self, saved: Any) -> bool:
+        """Take over what ``saved`` (a checkpointed model) learned, keeping this one's prior and
+        clock (the settings may have changed); False when it is not a model of this kind."""
+        residual = getattr(saved, "residual", None)
+        learned = getattr(saved, "learned", None)
+        if not isinstance(residual, stats.EWMean) or not isinstance(learned, int):
+            return False
+        self.residual, self.learned = residual, learned
+        return True
+
     def state(self) -> dict[str, Any]:
         """For ``/admin/state``: where its numbers come from, learned against profiled."""
         return {

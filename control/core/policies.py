@@ -127,11 +127,12 @@ def predictive(ctx: DispatchContext) -> Decision:
     latency model; score = the new request's predicted latency plus (``impact_weight`` times) the
     delay it adds to the requests already there, its prefill charged, to it and to each of them,
     only for what the instance likely does not hold cached, and (``ttft_weight`` times) the
-    prefills still ahead of it there (its first token waits for them). The lowest score wins: affinity is
-    weighed against load and decode time in one cost, so a hot prefix does not pile everything on
-    one instance. Only instances whose ``least-load`` load is within ``load_margin`` of the lowest
-    compete: the roll-forward knows decode time, not memory, and predictions are noisy, so an
-    instance whose KV cache is full or whose engine queues is never picked over one with room.
+    prefills still ahead of it there (its first token waits for them). The lowest score wins:
+    affinity is weighed against load and decode time in one cost, so a hot prefix does not pile
+    everything on one instance. Only instances whose ``least-load`` load is within
+    ``load_margin`` of the lowest compete: the roll-forward knows decode time, not memory, and
+    predictions are noisy, so an instance whose KV cache is full or whose engine queues is never
+    picked over one with room.
 
     >>> a = InstanceView("a", in_flight=1, kv_usage=0.9, remaining=(5.0,))
     >>> b = InstanceView("b", in_flight=3, kv_usage=0.2, remaining=(400.0, 400.0, 400.0))

@@ -189,9 +189,13 @@ class Daemon:
         svc = self.service
         svc.scheduler.corrector = checkpoint.corrector
         for name, model in checkpoint.latency.items():
-            if name in svc.instances:
-                svc.instances[name].latency = model
-                svc.instances[name].refresh()
+            instance = svc.instances.get(name)
+            if instance is None:
+                continue
+            if instance.latency.adopt(model):
+                instance.refresh()
+            else:
+                log.info("latency model of %s: the checkpoint's is of another kind, not used", name)
         # Monotonic times of the old process, moved onto this one's clock.
         shift = checkpoint.clock_offset - (time.time() - svc.clock())
         state = checkpoint.controller

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ class Instance:
     kv_capacity: int | None = None  # KV cache tokens, from the profile or vLLM's /metrics
     block: int = 16
     coefficients: StepCoefficients | None = None
-    telemetry: Callable[[float | None], Mapping[str, Any]] = field(default=lambda since: {})
+    telemetry: Callable[[float | None], Mapping[str, Any]] = field(default=lambda _: {})
 
     def gpu(self, since: float | None = None) -> Mapping[str, Any]:
         """Its GPU's readings, of the last window or since ``since`` (monotonic seconds)."""
@@ -97,7 +98,7 @@ def make_instance(
         )
     index = spec.gpu
     watched = index is not None and gpu_features is not None
-    return Instance(
+    instance = Instance(
         spec.label,
         backend,
         LatencyModel(
@@ -109,5 +110,7 @@ def make_instance(
         send_predictions=spec.priority and spec.predictions,
         kv_capacity=capacity,
         block=block,
-        telemetry=(lambda since: gpu_features(index, since)) if watched else (lambda since: {}),  # type: ignore[misc]
     )
+    if watched:
+        instance.telemetry = functools.partial(gpu_features, index)  # type: ignore[arg-type]
+    return instance

@@ -68,3 +68,24 @@ def test_odd_outcomes_teach_nothing(tpot):
     m.learn_one({"running": "many", "sm_clock_mhz": 1000.0}, None)
     assert m.learned == 0
     assert m.coefficients({"sm_clock_mhz": 1000.0}) == PRIOR
+
+
+def test_a_checkpointed_model_hands_over_what_it_learned_not_its_settings():
+    saved = model()
+    for _ in range(50):
+        saved.learn_one({"running": 1, "sm_clock_mhz": 1000.0}, 2 * PRIOR.step(1))
+    fresh = LatencyModel(StepCoefficients(0.02, 0.002, 0.0002), reference_clock_mhz=1500.0)
+    assert fresh.adopt(saved)
+    assert fresh.learned == 50 and fresh.prior.base_s == 0.02  # its own prior and clock
+    assert fresh.factor({"sm_clock_mhz": 1500.0}) == pytest.approx(2.0, rel=0.01)
+
+
+class _OlderModel:  # what an earlier release pickled: other attributes
+    decode_learned = 40
+
+
+@pytest.mark.parametrize("saved", [_OlderModel(), None, {"residual": 1.0}])
+def test_a_checkpoint_of_another_kind_is_not_adopted(saved):
+    fresh = model()
+    assert not fresh.adopt(saved)
+    assert fresh.learned == 0 and fresh.coefficients({"sm_clock_mhz": 1000.0}) == PRIOR
