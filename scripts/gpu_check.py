@@ -89,7 +89,8 @@ def thermal_series(sampler: Sampler, seconds: float, gpu_name: str) -> dict[str,
         pause.wait(0.5)
     stop.set()
     worker.join()
-    kind = next((k for k in GPU_SPECS if k in gpu_name.lower()), "a100")
+    # The longest name it contains: "L40S" is an L40S, not an L4.
+    kind = max((k for k in GPU_SPECS if k in gpu_name.lower()), key=len, default="a100")
     spec = GPU_SPECS[kind]
     first = next((p["temperature_c"] for p in real if p["temperature_c"] is not None), None)
     sim = SimGpu(spec, temperature_c=first if first is not None else spec.ambient_c)
