@@ -181,6 +181,16 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
                 f"| {name} | {_fmt(r['capacity_rps'])} | {_ratio(r['capacity_rps'], base)} | "
                 f"{_fmt(at['ttft_p99_s'])} | {_fmt(at['e2e_mean_s'])} | {at['served_by']} |"
             )
+        parts = fleet.get("mixed_parts") or {}
+        if parts:
+            alone = ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items() if k != "sum")
+            lines += [
+                "",
+                f"Each kind alone behind least-load: {alone} req/s; their sum, "
+                f"{_fmt(parts['sum'])} req/s ({_ratio(parts['sum'], base)} least-load's on the "
+                "mixed fleet), is about what the fleet can carry at the SLO however it shares "
+                "requests out.",
+            ]
     for scenario, runs in fleet["scenarios"].items():
         if scenario == "mixed":
             continue

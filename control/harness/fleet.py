@@ -149,6 +149,7 @@ def run(
         runs: dict[str, Any] = {}
         if scenario == "mixed":
             runs = _capacities(items, trace, fleet, options, say)
+            out["mixed_parts"] = _parts(items, trace, profiles, options, say)
         else:
             if base_capacity is None:
                 base_capacity = _capacity("least-load", items, trace, fleet, options)
@@ -182,6 +183,22 @@ def _capacities(items, trace, fleet, options, say) -> dict[str, Any]:  # type: i
         say(f"mixed {name:<18} capacity {rate:.2f} req/s; at 0.8x least-load's: "
             + _line("", "", runs[name]["at_0.8"]))  # fmt: skip
     return runs
+
+
+def _parts(items, trace, profiles, options, say) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Least-load's capacity on each kind of the mixed fleet alone, and their sum: about what the
+    whole fleet can carry at the SLO, however its requests are shared out."""
+    kinds: dict[str, list[StepModel]] = {}
+    for p in profiles:
+        kinds.setdefault(p.name, []).append(p)
+    parts = {}
+    for name, group in kinds.items():
+        label = f"{len(group)}x{name}"
+        rate = _capacity("least-load", items, trace, bench.Fleet(tuple(group)), options)
+        parts[label] = round(rate, 3)
+        say(f"mixed, {label} alone: least-load capacity {rate:.2f} req/s")
+    parts["sum"] = round(sum(parts.values()), 3)
+    return parts
 
 
 def _capacity(

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from steersman.control.harness import bench, fleet
+from steersman.control.harness import bench, bench_report, fleet
 from steersman.control.harness.workloads import Trace, TraceRow
 
 STEADY = bench.Steady(duration_s=90.0, warmup_s=15.0)
@@ -73,3 +73,25 @@ def test_a_bad_fleet_is_refused_naming_the_part(text, message):
 def test_an_unknown_scenario_is_refused_listing_the_known_ones():
     with pytest.raises(ValueError, match="unknown fleet scenario 'melt': mixed, throttle"):
         fleet.scenario_fleet("melt", fleet.parse_fleet("1xa100-llama2-7b"), STEADY)
+
+
+def test_a_mixed_fleet_reports_capacities_and_what_each_kind_carries_alone(workload):
+    items, trace = workload
+    options = fleet.FleetOptions(
+        fleet="1xa100-llama2-7b+1xa30-llama2-7b", scenarios=("mixed",), steady=STEADY
+    )
+    said: list[str] = []
+    out = fleet.run(items, trace, options, say=said.append)
+    mixed = out["scenarios"]["mixed"]
+    assert set(mixed) == {"least-load", "steersman", "steersman-frozen"}
+    for r in mixed.values():
+        assert r["capacity_rps"] > 0 and r["at_0.8"]["stable"]
+        assert len(r["at_0.8"]["served_by"]) == 2
+    parts = out["mixed_parts"]
+    assert set(parts) == {"1xa100-llama2-7b", "1xa30-llama2-7b", "sum"}
+    assert parts["sum"] == pytest.approx(parts["1xa100-llama2-7b"] + parts["1xa30-llama2-7b"])
+    assert parts["1xa100-llama2-7b"] > parts["1xa30-llama2-7b"]  # the faster GPU carries more
+    report = "\n".join(bench_report.fleet_section(out))
+    assert "### Mixed fleet: 1xa100-llama2-7b+1xa30-llama2-7b" in report
+    assert "Each kind alone behind least-load" in report
+    assert any("alone: least-load capacity" in line for line in said)
