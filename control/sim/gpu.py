@@ -19,7 +19,7 @@ about 70 C in 25 C air, and ``tau_s`` = 30 s is a heatsink's time constant.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from steersman.telemetry.readings import GpuReading, SourceStatus
@@ -164,9 +164,6 @@ class SimGpu:
             power_w=None,
             throttle_reasons=reasons,
         )
-
-    def with_events(self, events: list[GpuEvent]) -> SimGpu:
-        return replace(self, events=list(events))
 
 
 class Busy(Protocol):
