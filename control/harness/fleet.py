@@ -109,9 +109,7 @@ def tracking(learned: Sequence[tuple[float, int, float, float]], at: float) -> d
         return {"requests": None, "seconds": None}
     ref = statistics.median(base)
     errors = [abs(r / ref - 1) for _, r in after]
-    found = next(
-        (i for i in range(len(errors) - 19) if max(errors[i : i + 20]) < TRACKED), None
-    )
+    found = next((i for i in range(len(errors) - 19) if max(errors[i : i + 20]) < TRACKED), None)
     return {
         "requests": found,
         "seconds": None if found is None else round(after[found][0] - at, 2),
