@@ -139,12 +139,20 @@ def ratios(runs: list[dict[str, Any]]) -> str:
     return text
 
 
-FLEET = ("ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "norm_mean_s")
+FLEET = (
+    ("TTFT p50", "ttft_p50_s"),
+    ("TTFT p99", "ttft_p99_s"),
+    ("E2E mean", "e2e_mean_s"),
+    ("E2E p99", "e2e_p99_s"),
+    ("norm mean", "norm_mean_s"),
+)
 CHANGES = {
-    "throttle": "its clock capped at 60% from a third of the measured window on",
-    "recover": "capped at 60% from the start, back to full clock at half the run",
-    "neighbour": "another tenant takes half its SMs from a third of the measured window on",
-    "fan": "its cooling at a quarter of normal from the start (it throttles itself)",
+    "throttle": "instance 0's clock capped at 60% from a third of the measured window on",
+    "recover": "instance 0 capped at 60% from the start, back to full clock at half the run",
+    "neighbour": "another tenant takes half of instance 0's SMs from a third of the measured "
+    "window on",
+    "fan": "instance 0's cooling at a quarter of normal from the start (it heats up and throttles "
+    "itself)",
     "steady": "nothing changes",
 }
 
@@ -156,10 +164,11 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
         "",
         "## Fleets that differ and GPUs that slow down",
         "",
-        f"Simulated GPUs report telemetry through the sampler; `steersman` plans with latency "
+        "Simulated GPUs report telemetry through the sampler; `steersman` plans with latency "
         "models that learn from outcomes and the GPUs' clocks, `steersman-frozen` with the same "
-        "priors, frozen. Each run: {s['duration_s']:g} s of arrivals, the first "
-        f"{s['warmup_s']:g} s left out; capacity at P99 TTFT <= {o['slo_ttft_p99_s']} s.",
+        f"priors, frozen. Each run: {s['duration_s']:g} s of arrivals, the first "
+        f"{s['warmup_s']:g} s left out; capacity at P99 TTFT <= {o['slo_ttft_p99_s']} s. "
+        "Ratios are to least-load's.",
     ]
     mixed = fleet["scenarios"].get("mixed")
     if mixed:
@@ -194,30 +203,42 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
     for scenario, runs in fleet["scenarios"].items():
         if scenario == "mixed":
             continue
+        tracked = any("tracking" in r for r in runs.values() if isinstance(r, dict))
         lines += [
             "",
-            f"### {o['homogeneous']}, {scenario}: instance 0 {CHANGES.get(scenario, '')}",
+            f"### {o['homogeneous']}, {scenario}: {CHANGES.get(scenario, scenario)}",
             "",
-            f"At {_fmt(runs['rate_rps'])} req/s ({o['level']:g}x least-load's capacity on it). "
-            "Tracked: requests on instance 0 (and seconds) after the change until its step-time "
-            "factor, relative to the others', stays within 10% of the true slowdown's.",
+            f"At {_fmt(runs['rate_rps'])} req/s ({o['level']:g}x least-load's capacity on it)."
+            + (
+                " Tracked: requests on instance 0 (and seconds) after the change until its "
+                "step-time factor, relative to the others', stays within 10% of its true "
+                "slowdown's."
+                if tracked
+                else ""
+            ),
             "",
-            "| policy | " + " | ".join(FLEET) + " | to instance 0 | tracked after |",
-            "|---" * (len(FLEET) + 3) + "|",
+            "| policy | "
+            + " | ".join(label for label, _ in FLEET)
+            + " | to instance 0 |"
+            + (" tracked after |" if tracked else ""),
+            "|---" * (len(FLEET) + 2 + tracked) + "|",
         ]
         base = runs.get("least-load", {})
         for name, r in runs.items():
             if name == "rate_rps":
                 continue
             track = r.get("tracking") or {}
-            tracked = (
+            after = (
                 f"{track['requests']} ({_fmt(track['seconds'])} s)"
                 if track.get("requests") is not None
                 else "-"
             )
-            cells = [f"{_fmt(r[m])} ({_ratio(r[m], base.get(m))})" for m in FLEET]
+            cells = [f"{_fmt(r[m])} ({_ratio(r[m], base.get(m))})" for _, m in FLEET]
             lines.append(
-                f"| {name} | " + " | ".join(cells) + f" | {r['served_by'][0]} | {tracked} |"
+                f"| {name} | "
+                + " | ".join(cells)
+                + f" | {r['served_by'][0]} |"
+                + (f" {after} |" if tracked else "")
             )
     return lines
 

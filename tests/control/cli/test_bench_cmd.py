@@ -45,7 +45,8 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
     assert "tracking" in fleet["scenarios"]["throttle"]["steersman"]
     report = (out / "report.md").read_text()
     assert "## Fleets that differ and GPUs that slow down" in report
-    assert "2xa100-llama2-7b, throttle: instance 0 its clock capped at 60%" in report
+    assert "2xa100-llama2-7b, throttle: instance 0's clock capped at 60%" in report
+    assert "| steersman-frozen | " in report and "tracked after |" in report
 
 
 @pytest.mark.parametrize(
