@@ -35,7 +35,9 @@ for run in $(seq 1 "$runs"); do
   if [ "$rc" -ne 0 ]; then
     failed=1
     grep -E "^(FAILED|ERROR)" "$log" || tail -n 40 "$log"
+    echo "the whole output: $log"
+  else
+    rm -f "$log"
   fi
-  rm -f "$log"
 done
 exit "$failed"
