@@ -25,6 +25,8 @@ INSTANCE_COLUMNS = [
     "waiting",
     "kv_cache_usage",
     "preemptions_total",
+    "step_s",
+    "profiled_step_s",
 ]
 PAGES = ("Overview", "Predictions", "Controller", "GPUs", "Instances", "Models")
 WINDOWS = {
@@ -207,18 +209,7 @@ def instances(engine, window: Window) -> None:
     if len(stats):
         latest = stats.groupby("instance").tail(1)
         st.dataframe(
-            latest[
-                [
-                    "instance",
-                    "healthy",
-                    "running",
-                    "waiting",
-                    "kv_cache_usage",
-                    "preemptions_total",
-                    "step_s",
-                    "profiled_step_s",
-                ]
-            ],
+            latest[INSTANCE_COLUMNS],
             hide_index=True,
         )
         for column, title in (
