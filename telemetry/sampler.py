@@ -151,9 +151,10 @@ class Sampler:
         the last ``window_s`` or from ``since`` (a request's span: what it ran on)."""
         now = self._clock() if mono is None else mono
         with self._lock:
+            if gpu_index is not None:  # one GPU's window only: this runs per instance and request
+                window = self._windows.get(gpu_index)
+                return window.features(now, since) if window is not None else {}
             per_gpu = {i: w.features(now, since) for i, w in self._windows.items()}
-        if gpu_index is not None:
-            return per_gpu.get(gpu_index, {})
         if not per_gpu:
             return {"gpu_available": False}
         merged: dict[str, Any] = {"gpu_available": True, "gpus": len(per_gpu)}
