@@ -71,6 +71,8 @@ class RequestRow(Base):
     e2e_s: Mapped[float | None] = mapped_column(Float)
     tpot_s: Mapped[float | None] = mapped_column(Float)
     qoe: Mapped[float | None] = mapped_column(Float)
+    expected_ttft_s: Mapped[float | None] = mapped_column(Float)  # what its reader expected
+    expected_pace_s: Mapped[float | None] = mapped_column(Float)
     model_version: Mapped[str | None] = mapped_column(String(64))
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     error: Mapped[str | None] = mapped_column(Text)

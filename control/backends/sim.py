@@ -14,6 +14,8 @@ from steersman.control.backends.base import (
     StreamEvent,
     UpstreamRejected,
 )
+from steersman.control.core.qoe_rule import expectation
+from steersman.control.core.settings import QoeSettings
 from steersman.control.sim.engine import SimEngine, SimRequest
 from steersman.control.sim.profiles import StepModel
 
@@ -41,10 +43,11 @@ class SimBackend:
         count_tokens: Callable[[str], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         model_name: str = "steersman-sim",
+        qoe: QoeSettings | None = None,
     ) -> None:
         self.name = name
         self.model_name = model_name
-        self.engine = SimEngine(model, policy)
+        self.engine = SimEngine(model, policy, qoe=qoe)
         self._count = count_tokens or (lambda text: max(1, len(text) // 4))
         self._clock = clock
         self._wake = asyncio.Event()
@@ -53,7 +56,7 @@ class SimBackend:
 
     async def _run(self) -> None:
         while True:
-            plan = self.engine.plan() if self.engine.has_work() else None
+            plan = self.engine.plan(self._clock()) if self.engine.has_work() else None
             if plan is None:
                 self._wake.clear()
                 await self._wake.wait()
@@ -90,6 +93,7 @@ class SimBackend:
             output,
             priority=request.priority or 0,
             predicted=_predicted(request.xargs),
+            expectation=_expectation(request.xargs),
             on_token=lambda r, t: queue.put_nowait((t, r.generated)),
         )
         delay = self.engine.model.admission(self.engine.has_work())
@@ -138,6 +142,11 @@ def _predicted(xargs: dict[str, Any] | None) -> float | None:
     value = (xargs or {}).get("steersman_predicted_tokens")
     ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
     return float(value) if ok else None
+
+
+def _expectation(xargs: dict[str, Any] | None) -> tuple[float, float]:
+    """Its reader's (TTFT, pace), as steersman's vLLM scheduler class reads them."""
+    return expectation(xargs or {}) or (1.0, 0.2)
 
 
 def _chunk(

@@ -46,6 +46,8 @@ def _render(model: type[BaseModel], path: list[str], lines: list[str]) -> None:
 def _assignment(name: str, default: Any) -> str:
     if default is None:
         return f"# {name} ="
+    if default == {}:
+        return f"{name} = {{}}"  # inline: a [table] here would swallow the fields after it
     if isinstance(default, Path):
         default = str(default)
     return tomli_w.dumps({name: default}).strip()

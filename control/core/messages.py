@@ -49,7 +49,9 @@ class InstanceState:
 class Arrival:
     """A request as the core sees it. ``x`` holds the predictor's features (and the base model's
     prediction under ``base_tokens``); ``max_tokens`` is the client's cap (a prediction above it
-    is cut to it, and a request that hits it was cut off); ``true_tokens`` is for the oracle."""
+    is cut to it, and a request that hits it was cut off); ``true_tokens`` is for the oracle.
+    With ``expected_ttft_s`` (streamed QoE on), the queue takes it by when its first token is
+    due rather than by when it arrived: the most overdue first, among equal predictions."""
 
     request_id: str
     prompt_tokens: int
@@ -59,6 +61,7 @@ class Arrival:
     true_tokens: int | None = None
     prefix: tuple[int, ...] = ()  # the prompt's segment hashes (core.prefix)
     segment_tokens: int = 0
+    expected_ttft_s: float | None = None  # its reader's (core.qoe_rule): queued by that deadline
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,8 @@ class RequestRecord:
     e2e_s: float | None = None
     tpot_s: float | None = None
     qoe: float | None = None
+    expected_ttft_s: float | None = None  # what its reader expected (the QoE is against it)
+    expected_pace_s: float | None = None
     finish_reason: str | None = None
     error: str | None = None
 

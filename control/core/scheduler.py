@@ -173,7 +173,9 @@ class Scheduler:
         scheduled = min(max(scheduled, 1.0), cap)
         ordered = self.priorities and self.state.mode == "NORMAL"
         aging = self.dispatch.aging_s
-        key = priority_key(scheduled if ordered else 0.0, now, aging)
+        ttft = arrival.expected_ttft_s
+        due = now + ttft if _finite(ttft) and ttft > 0 else now
+        key = priority_key(scheduled if ordered else 0.0, due, aging)
         priority = vllm_priority(key, self.origin, aging) if self.priorities else 0
         fcfs = vllm_priority(priority_key(0.0, now, aging), self.origin, aging)
         return Ticket(

@@ -145,3 +145,66 @@ class DispatchSettings(_Section):
     )
     max_queue: int = Field(default=10_000, ge=0, description="Queued requests beyond this: 429.")
     queue_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait in the queue.")
+
+
+class StreamExpectation(_Section):
+    ttft_s: float = Field(gt=0, le=600, description="First token expected within this.")
+    pace_s: float = Field(gt=0, le=60, description="Then one token every this many seconds.")
+
+
+class QoeSettings(_Section):
+    """Streaming quality of experience (Andes): what a reader expects, and the engine-side rule
+    that serves whoever is about to stall first when the KV cache is contended."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Order and preempt inside the engines for streamed QoE under KV pressure "
+        "(steersman's vLLM scheduler class; the simulator), and serve steersman's own queue "
+        "most overdue first token first. Off: latency order only.",
+    )
+    expected_ttft_s: float = Field(
+        default=1.0, gt=0, le=600, description="A reader expects the first token within this."
+    )
+    expected_pace_s: float = Field(
+        default=0.2,
+        gt=0,
+        le=60,
+        description="Then one token every this many seconds (0.2: about reading speed).",
+    )
+    classes: dict[str, StreamExpectation] = Field(
+        default_factory=dict,
+        description="Per request class (chat, code, summarization, other), its own expectation, "
+        "e.g. { code = { ttft_s = 2.0, pace_s = 0.05 } }. A client's x-steersman-expected-ttft "
+        "and x-steersman-expected-pace headers (seconds) override both for its request.",
+    )
+    kv_pressure: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="The rule runs while requests wait and the KV cache is at least this full "
+        "(or every seat is taken); below it the engine's own order stands.",
+    )
+    horizon_s: float = Field(
+        default=2.0, gt=0, description="The gain of serving versus pausing is over this span."
+    )
+    interval_s: float = Field(
+        default=0.1, gt=0, description="The rule is applied at most this often per engine."
+    )
+    protect_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="A request that (re)started running within this is not paused (no thrash).",
+    )
+    min_left_tokens: int = Field(
+        default=16, ge=0, description="A request predicted to have this few left is not paused."
+    )
+    unknown_tokens: float = Field(
+        default=256.0,
+        gt=0,
+        description="What a request without a prediction is taken to have left (Andes-style).",
+    )
+
+    def expectation(self, request_class: str | None = None) -> tuple[float, float]:
+        """(expected TTFT, expected pace) for a request class."""
+        e = self.classes.get(request_class or "")
+        return (e.ttft_s, e.pace_s) if e else (self.expected_ttft_s, self.expected_pace_s)

@@ -20,7 +20,7 @@ from typing import Any
 
 from steersman.control.core.qoe import qoe
 from steersman.control.core.scheduler import Scheduler
-from steersman.control.core.settings import ControllerSettings, DispatchSettings
+from steersman.control.core.settings import ControllerSettings, DispatchSettings, QoeSettings
 from steersman.control.harness.prefix import HashedTrace, mooncake_items
 from steersman.control.harness.workloads import (
     Trace,
@@ -42,6 +42,7 @@ from steersman.storage.query import percentile
 from steersman.telemetry.sampler import Sampler
 
 PredictLog = Callable[[list[str]], list[float]]
+QOE_ON = QoeSettings(enabled=True)
 CONSTANT_TOKENS = 128.0  # what a predictor that knows nothing says: the corrector's prior
 
 
@@ -54,6 +55,7 @@ class Variant:
     predictor: str  # "none" | "learned" | "truth" | "constant"
     controller: ControllerSettings = field(default_factory=ControllerSettings)
     priorities: bool = True
+    qoe: QoeSettings | None = None  # the engines' streamed-QoE rule (core.qoe_rule)
 
 
 def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[str, Variant]:
@@ -86,6 +88,18 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
         "constant": Variant(DispatchSettings(policy=dispatch), engine, "constant"),
         "prefix-affinity": Variant(
             DispatchSettings(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
+        ),
+        # Andes as published: the QoE rule in every engine, no length predictions, behind
+        # least-load; and steersman's default with the rule fed its predictions.
+        "andes": Variant(
+            DispatchSettings(policy="least-load", **lb),
+            "fcfs",
+            "none",
+            priorities=False,
+            qoe=QOE_ON,
+        ),
+        "steersman-qoe": Variant(
+            DispatchSettings(policy=dispatch), "priority", "learned", qoe=QOE_ON
         ),
     }
 
@@ -120,7 +134,8 @@ class Fleet:
         out = []
         for k, profile in enumerate(self.profiles):
             gpu = SimGpu(spec_for(profile.name), list(self.events.get(k, ())), index=k)
-            out.append(SimEngine(profile, variant.engine, variant.dispatch.aging_s, gpu=gpu))
+            aging = variant.dispatch.aging_s
+            out.append(SimEngine(profile, variant.engine, aging, gpu=gpu, qoe=variant.qoe))
         return out
 
     def driver(self, core: Scheduler, engines: list[SimEngine], features: dict) -> CoreDriver:
@@ -327,7 +342,9 @@ def run_sim(
     if fleet is None:
         driver = CoreDriver(core, profile.coefficients(), features=features)
         aging = variant.dispatch.aging_s
-        engines = [SimEngine(profile, variant.engine, aging) for _ in range(instances)]
+        engines = [
+            SimEngine(profile, variant.engine, aging, qoe=variant.qoe) for _ in range(instances)
+        ]
     else:
         engines = fleet.engines(variant)
         driver = fleet.driver(core, engines, features)
@@ -400,6 +417,9 @@ def measure(
     out["goodput_rps"] = round(good / span, 3) if span > 0 else None
     qoes = [q for r in done if (q := _qoe(r)) is not None]
     out["qoe_mean"] = _round(statistics.fmean(qoes)) if qoes else None
+    out["qoe_p10"] = _round(percentile(qoes, 0.10))
+    out["qoe_below_0_9"] = round(sum(q < 0.9 for q in qoes) / len(qoes), 4) if qoes else None
+    out["qoe_at_least_0_5"] = round(sum(q >= 0.5 for q in qoes) / len(qoes), 4) if qoes else None
     out["ttft_all"], out["e2e_all"] = ttft, e2e
     return out
 
@@ -409,13 +429,20 @@ def _tpot(r: SimRequest) -> float:
 
 
 def _qoe(r: SimRequest) -> float | None:
-    """Andes' QoE with the tokens paced evenly between the first and the last (the simulator
-    takes runs of decode steps in one go and keeps no per-token times)."""
+    """Andes' QoE with the tokens paced evenly between the first token, each pause (a
+    preemption: nothing new until it has recomputed) and the last (the simulator takes runs of
+    decode steps in one go and keeps no per-token times)."""
     if r.first_token_at is None or r.finished_at is None:
         return None
-    first, last, n = r.first_token_at - r.arrival, r.finished_at - r.arrival, r.generated
-    points = [(first + (last - first) * k / 31, 1 + round((n - 1) * k / 31)) for k in range(32)]
-    return qoe(points, n)
+    points: list[tuple[float, int]] = []
+    t0, n0 = r.first_token_at, 1
+    for paused, resumed, had in (*r.stalls, (r.finished_at, r.finished_at, r.generated)):
+        k = max(1, min(32, had - n0))
+        points += [(t0 + (paused - t0) * i / k - r.arrival, n0 + round((had - n0) * i / k))
+                   for i in range(k + 1)]  # fmt: skip
+        t0, n0 = resumed, had + 1
+    ttft, pace = r.expectation
+    return qoe(points, r.generated, expected_ttft=ttft, expected_pace=pace)
 
 
 def _stats(label: str, values: Sequence[float]) -> dict[str, float | None]:

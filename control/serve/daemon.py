@@ -95,7 +95,7 @@ class Daemon:
         sampler = self.sampler
         gpu_features = (lambda i, since: sampler.features(i, since=since)) if sampler else None
         self.service = Steersman(
-            [make_instance(spec, s.gateway, count, gpu_features) for spec in s.instances],
+            [make_instance(spec, s.gateway, count, gpu_features, s.qoe) for spec in s.instances],
             predictor,
             scheduler,
             record=self.writer.submit,
@@ -104,6 +104,7 @@ class Daemon:
             retries=s.gateway.retries,
             health_failures=s.gateway.health_failures,
             store_prompts=s.storage.store_prompts,
+            qoe=s.qoe,
             max_tokens_is_length=s.predictor.max_tokens_is_length,
             telemetry=self.sampler.features if self.sampler else dict,
             tokenize=tokenize,

@@ -7,7 +7,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from steersman.control.backends.base import BackendError, UpstreamRejected
 from steersman.control.core.scheduler import QueueFull
 from steersman.control.serve.admin import admin_state
+from steersman.control.serve.intake import EXPECTATION_HEADERS, BadHeader, expectation_of
 from steersman.control.serve.schemas import (
     GENERATION,
     ChatBody,
@@ -156,18 +157,18 @@ def create_app(
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)  # Allow
 
     @app.post("/v1/completions", dependencies=[inference], responses=GENERATION)
-    async def completions(body: CompletionBody) -> Response:
+    async def completions(body: CompletionBody, request: Request) -> Response:
         data = body.model_dump(exclude_unset=True)
         if body.prompt in ("", []) or (isinstance(body.prompt, list) and "" in body.prompt):
             raise ApiError(400, "prompt must not be empty", param="prompt")
-        return await _serve(app, service, "completion", data, body.stream)
+        return await _serve(app, service, "completion", data, body.stream, request.headers)
 
     @app.post("/v1/chat/completions", dependencies=[inference], responses=GENERATION)
-    async def chat(body: ChatBody) -> Response:
+    async def chat(body: ChatBody, request: Request) -> Response:
         data = body.model_dump(exclude_unset=True)
         if not any(m.content for m in body.messages):
             raise ApiError(400, "messages must carry some content", param="messages")
-        return await _serve(app, service, "chat", data, body.stream)
+        return await _serve(app, service, "chat", data, body.stream, request.headers)
 
     @app.get("/v1/models", dependencies=[inference], responses=errors(401, 403))
     async def models() -> dict[str, Any]:
@@ -237,16 +238,22 @@ def _check_window(card: dict[str, Any] | None, prompt_tokens: int | None) -> Non
 
 
 async def _serve(
-    app: FastAPI, service: Steersman, kind: str, data: dict[str, Any], stream: bool
+    app: FastAPI,
+    service: Steersman,
+    kind: str,
+    data: dict[str, Any],
+    stream: bool,
+    headers: Mapping[str, str],
 ) -> Response:
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     try:
         card = _model_card(app, data)  # before any prediction runs
+        expectation = _expectation(headers, service)
     except ApiError as exc:
         service.refuse(request_id, kind, data, exc.message)
         raise
-    job = await service.prepare(request_id, kind, data)
+    job = await service.prepare(request_id, kind, data, expectation)
     try:
         # the whole input (a chat's history too), as the server will see it
         _check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
@@ -264,6 +271,18 @@ async def _serve(
             _sse(service, request_id, first, chunks, options), media_type="text/event-stream"
         )
     return await _collect(service, request_id, kind, data, first, chunks)
+
+
+def _expectation(headers: Mapping[str, str], service: Steersman) -> tuple[float, float] | None:
+    """The client's own expectation for its reader, when it sends one (a 400 naming the header
+    when it is not a number of seconds in range)."""
+    if not any(name in headers for name in EXPECTATION_HEADERS):
+        return None
+    default = (service.qoe.expected_ttft_s, service.qoe.expected_pace_s)
+    try:
+        return expectation_of(headers, default)
+    except BadHeader as exc:
+        raise ApiError(400, str(exc), param=exc.header) from None
 
 
 def _api_error(exc: Exception) -> ApiError:

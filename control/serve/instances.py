@@ -11,6 +11,7 @@ from steersman.control.backends.base import Backend
 from steersman.control.backends.sim import SimBackend
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.core.scheduler import InstanceState
+from steersman.control.core.settings import QoeSettings
 from steersman.control.serve.sections import GatewaySettings, InstanceSettings
 from steersman.control.sim.gpu import spec_for
 from steersman.control.sim.profiles import load_profile
@@ -78,14 +79,17 @@ def make_instance(
     gateway: GatewaySettings,
     count: Callable[[str], int] | None,
     gpu_features: Callable[[int, float | None], Mapping[str, Any]] | None = None,
+    qoe: QoeSettings | None = None,
 ) -> Instance:
     """``gpu_features(index, since)``: the telemetry sampler's readings of one local GPU, for
-    instances that name theirs (``gpu``): their latency model then follows that GPU's clock."""
+    instances that name theirs (``gpu``): their latency model then follows that GPU's clock.
+    ``qoe``: the streamed-QoE rule a simulated instance's engine applies, as steersman's vLLM
+    scheduler class does."""
     profile = load_profile(spec.profile or spec.sim or DEFAULT_URL_PROFILE)
     capacity, block = None, 16
     if spec.sim is not None:
         sim = load_profile(spec.sim)
-        backend: Any = SimBackend(spec.label, sim, count_tokens=count)
+        backend: Any = SimBackend(spec.label, sim, count_tokens=count, qoe=qoe)
         capacity, block = sim.num_blocks * sim.block_size, sim.block_size
     else:
         key = spec.api_key.get_secret_value() if spec.api_key else None

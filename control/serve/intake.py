@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,47 @@ def token_ids(kind: str, body: dict[str, Any], tokenize: Tokenize | None) -> Seq
         return ()
 
 
+class BadHeader(ValueError):
+    def __init__(self, header: str, message: str) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+EXPECTATION_HEADERS = {
+    "x-steersman-expected-ttft": 600.0,  # seconds to the first token, at most this
+    "x-steersman-expected-pace": 60.0,  # seconds between tokens, at most this
+}
+
+
+def expectation_of(headers: Mapping[str, str], default: tuple[float, float]) -> tuple[float, float]:
+    """What the client says its reader expects (``x-steersman-expected-ttft`` and
+    ``x-steersman-expected-pace``, in seconds), over the settings' ``default``; raises
+    BadHeader naming the header and the value when one is not a number in its range.
+
+    >>> expectation_of({"x-steersman-expected-pace": "0.05"}, (1.0, 0.2))
+    (1.0, 0.05)
+    >>> try:
+    ...     expectation_of({"x-steersman-expected-ttft": "nan"}, (1.0, 0.2))
+    ... except BadHeader as e:
+    ...     print(e)
+    header x-steersman-expected-ttft: 'nan' is not a number of seconds in (0, 600]
+    """
+    out = list(default)
+    for k, (name, top) in enumerate(EXPECTATION_HEADERS.items()):
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= top:  # NaN fails too
+            message = f"header {name}: {raw!r} is not a number of seconds in (0, {top:g}]"
+            raise BadHeader(name, message)
+        out[k] = value
+    return out[0], out[1]
+
+
 def make_job(
     request_id: str,
     kind: str,
@@ -80,11 +122,15 @@ def make_job(
     store_prompts: bool,
     max_tokens_is_length: bool,
     model_version: str | None,
+    expectation: tuple[float, float] = (1.0, 0.2),
+    queue_by_ttft: bool = False,
 ) -> Job:
     """The request as the core sees it (``Arrival``) and as the history will (``RequestRecord``).
 
     ``text`` is what the length model read (``text_of``). With ``max_tokens_is_length``
-    (replays), ``max_tokens`` is the true length, not a cap.
+    (replays), ``max_tokens`` is the true length, not a cap. ``expectation``: its reader's
+    (TTFT, pace); with ``queue_by_ttft`` (streamed QoE on) it waits in the queue by when its
+    first token is due.
     """
     max_tokens = max_tokens_of(body)
     ids = token_ids(kind, body, tokenize)
@@ -97,6 +143,7 @@ def make_job(
         true_tokens=max_tokens if max_tokens_is_length else None,
         prefix=token_segments(ids, SEGMENT_TOKENS),
         segment_tokens=SEGMENT_TOKENS,
+        expected_ttft_s=expectation[0] if queue_by_ttft else None,
     )
     record = RequestRecord(
         request_id,
@@ -110,6 +157,8 @@ def make_job(
         predictor_path=p.path,
         base_prediction=p.base,
         model_version=model_version,
+        expected_ttft_s=expectation[0],
+        expected_pace_s=expectation[1],
     )
     return Job(request_id, kind, body, p, arrival, record)
 

@@ -22,8 +22,10 @@ from steersman.control.backends.base import (
     InstanceUnavailable,
 )
 from steersman.control.core.qoe import qoe
+from steersman.control.core.qoe_rule import EXPECTED_PACE, EXPECTED_TTFT, knobs_as_extra
 from steersman.control.core.records import EventRecord, RequestRecord
 from steersman.control.core.scheduler import Assignment, Outcome, Report, Scheduler
+from steersman.control.core.settings import QoeSettings
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.intake import Job, make_job, max_tokens_of, sha256, text_of
 from steersman.control.serve.metrics import Metrics
@@ -61,8 +63,7 @@ class Steersman:
         telemetry: Callable[[], Mapping[str, Any]] = dict,
         tokenize: Callable[[str], Sequence[int]] | None = None,
         on_hot_update: Callable[[str], None] | None = None,
-        expected_ttft_s: float = 1.0,
-        expected_pace_s: float = 0.2,
+        qoe: QoeSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -82,7 +83,7 @@ class Steersman:
         self.telemetry = telemetry
         self.tokenize = tokenize  # the served model's tokenizer: prompts' prefixes for the core
         self.on_hot_update = on_hot_update
-        self.expected = (expected_ttft_s, expected_pace_s)
+        self.qoe = qoe if qoe is not None else QoeSettings()
         self.clock = clock
         self._wall_offset = wall() - clock()
         self._waiters: dict[str, asyncio.Future[Assignment]] = {}
@@ -94,7 +95,14 @@ class Steersman:
 
     # -- intake --------------------------------------------------------------------------------
 
-    async def prepare(self, request_id: str, kind: str, body: dict[str, Any]) -> Job:
+    async def prepare(
+        self,
+        request_id: str,
+        kind: str,
+        body: dict[str, Any],
+        expectation: tuple[float, float] | None = None,
+    ) -> Job:
+        """``expectation``: the client's (TTFT, pace) for its reader; its class's otherwise."""
         received = self.clock()
         text, turns = text_of(kind, body)
         cap = None if self.max_tokens_is_length else max_tokens_of(body)
@@ -112,6 +120,8 @@ class Steersman:
             store_prompts=self.store_prompts,
             max_tokens_is_length=self.max_tokens_is_length,
             model_version=self.predictor.model_version,
+            expectation=expectation or self.qoe.expectation(p.request_class),
+            queue_by_ttft=self.qoe.enabled,
         )
 
     def reject(self, job: Job, reason: str) -> None:
@@ -258,6 +268,11 @@ class Steersman:
         if instance.send_predictions and a.ordered:
             extra["steersman_predicted_tokens"] = round(a.scheduled)
             extra["steersman_aging_s"] = self.scheduler.dispatch.aging_s
+        if instance.send_predictions and self.qoe.enabled:
+            rec = job.record
+            extra[EXPECTED_TTFT] = rec.expected_ttft_s
+            extra[EXPECTED_PACE] = rec.expected_pace_s
+            extra.update(knobs_as_extra(self.qoe))
         return GenerationRequest(
             job.request_id,
             "chat" if job.kind == "chat" else "completion",
@@ -327,7 +342,8 @@ class Steersman:
         rec.e2e_s = None if result.finished_at is None else result.finished_at - rec.received_at
         rec.tpot_s = result.tpot
         relative = [(t - rec.received_at, n) for t, n in result.token_times]
-        ttft_goal, pace_goal = self.expected
+        ttft_goal = rec.expected_ttft_s or self.qoe.expected_ttft_s
+        pace_goal = rec.expected_pace_s or self.qoe.expected_pace_s
         rec.qoe = qoe(relative, actual, expected_ttft=ttft_goal, expected_pace=pace_goal)
         if rec.rel_error is not None:
             self.metrics.error_ratio.labels(job.prediction.path).observe(rec.rel_error)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from steersman.control.core.settings import ControllerSettings, DispatchSettings
+from steersman.control.core.settings import ControllerSettings, DispatchSettings, QoeSettings
 from steersman.control.serve.sections import (
     GatewaySettings,
     InstanceSettings,
@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     )
     dispatch: DispatchSettings = Field(
         default_factory=DispatchSettings, description="Dispatch policy and steersman's queue."
+    )
+    qoe: QoeSettings = Field(
+        default_factory=QoeSettings,
+        description="Streamed quality of experience: what readers expect, and the QoE-aware "
+        "order and preemption inside the engines (off by default).",
     )
     dashboard: DashboardSettings = Field(
         default_factory=DashboardSettings, description="The Streamlit dashboard."

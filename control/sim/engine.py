@@ -13,9 +13,11 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from steersman.control.core.prefix import block_hashes
+from steersman.control.core.qoe_rule import Stream, decide, under_pressure
+from steersman.control.core.settings import QoeSettings
 from steersman.control.sim.gpu import SimGpu
 from steersman.control.sim.prefix_cache import PrefixCache
 from steersman.control.sim.profiles import StepModel
@@ -43,6 +45,10 @@ class SimRequest:
     shared: tuple[int, ...] = ()  # cached blocks it holds (not counted in ``blocks``)
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache when it started
     on_token: Callable[[SimRequest, float], None] | None = None
+    expectation: tuple[float, float] = (1.0, 0.2)  # its reader's (TTFT, pace), core.qoe
+    ran_at: float | None = None  # last (re)started running
+    paused_at: float | None = None  # preempted after delivering tokens, not yet resumed
+    stalls: list[tuple[float, float, int]] = field(default_factory=list)  # (paused, resumed, had)
 
     @property
     def total(self) -> int:
@@ -101,7 +107,9 @@ class SimEngine:
     (steersman's vLLM scheduler class: the waiting queue by predicted remaining length with
     aging, the victim the running request that order puts last: the longest predicted remaining
     length among the youngest). With a ``gpu``, every step takes ``gpu.slowdown`` times the
-    profile's time (a throttled clock, a noisy neighbour)."""
+    profile's time (a throttled clock, a noisy neighbour). With ``qoe`` on, under KV pressure
+    the streams that gain most QoE per KV block are admitted first, pausing the ones far ahead
+    of their readers (``core.qoe_rule``, the rule steersman's vLLM scheduler class applies)."""
 
     def __init__(
         self,
@@ -110,6 +118,7 @@ class SimEngine:
         aging_s: float = 1.0,
         prefix_caching: bool = True,
         gpu: SimGpu | None = None,
+        qoe: QoeSettings | None = None,
     ) -> None:
         if policy not in ("fcfs", "priority", "steersman"):
             raise ValueError(f"unknown scheduling policy {policy!r}")
@@ -123,6 +132,10 @@ class SimEngine:
         self._waiting: list[tuple[tuple[int, int], SimRequest]] = []
         self._order = itertools.count()
         self.stats = EngineStats()
+        self.qoe = qoe if qoe is not None and qoe.enabled else None
+        self._first: dict[int, int] = {}  # the QoE rule's admissions, in its order
+        self._parked: set[int] = set()  # paused by the rule, readmitted by it
+        self._rule_at = -math.inf
 
     # -- queue ----------------------------------------------------------------------------------
 
@@ -140,6 +153,10 @@ class SimEngine:
         return self._key(r)[0] if r.predicted is not None else r.priority
 
     def _key(self, r: SimRequest) -> tuple[float, int]:
+        if self._first and id(r) in self._first:
+            return (-1e18 + self._first[id(r)], r.order)
+        if self._parked and id(r) in self._parked:
+            return (1e18, r.order)  # paused by the QoE rule: back when the rule says so
         if self.policy == "steersman" and r.predicted is not None:
             # vLLM's class orders by size - waited/aging: the same order as size + arrival/aging.
             return (math.log2(1.0 + _remaining(r)) + r.arrival / self.aging_s, r.order)
@@ -175,6 +192,8 @@ class SimEngine:
         model = self.model
         bs = model.block_size
         budget = model.max_num_batched_tokens
+        if self.qoe is not None and now is not None and now >= self._rule_at:
+            self._apply_qoe_rule(now)
         work: list[tuple[SimRequest, int]] = []
         victims: set[int] = set()
         for req in list(self.running):
@@ -186,7 +205,7 @@ class SimEngine:
             need = -(-(req.computed + n) // bs) - req.blocks - len(req.shared)
             while need > self.free_blocks:
                 victim = self._victim()
-                self._preempt(victim)
+                self._preempt(victim, now)
                 victims.add(id(victim))
                 if victim is req:
                     break
@@ -209,6 +228,9 @@ class SimEngine:
                 if need > self.free_blocks - self._held(hit):
                     break
                 heapq.heappop(self._waiting)
+                self._first.pop(id(req), None)
+                self._parked.discard(id(req))
+                req.ran_at = now
                 self._share(req, hit)
                 self._allocate(req, need)
                 self.running.append(req)
@@ -258,8 +280,10 @@ class SimEngine:
             return max(self.running, key=lambda r: (r.priority, r.order))
         return self.running[-1]
 
-    def _preempt(self, req: SimRequest) -> None:
+    def _preempt(self, req: SimRequest, now: float | None) -> None:
         """Preemption by recompute: blocks freed, progress lost, back to the queue's head."""
+        if req.generated and now is not None and req.paused_at is None:
+            req.paused_at = now  # its reader sees nothing new until it has recomputed
         self.running.remove(req)
         self._release(req)
         req.computed = 0
@@ -279,6 +303,9 @@ class SimEngine:
             req.generated += 1
             if req.first_token_at is None:
                 req.first_token_at = end
+            if req.paused_at is not None:
+                req.stalls.append((req.paused_at, end, req.generated - 1))
+                req.paused_at = None
             if req.on_token is not None:
                 req.on_token(req, end)
             if req.generated >= req.output_tokens:
@@ -288,6 +315,45 @@ class SimEngine:
                 done.append(req)
         self.stats.finished += len(done)
         return done
+
+    # -- streamed QoE (core.qoe_rule) ------------------------------------------------------------
+
+    def _apply_qoe_rule(self, now: float) -> None:
+        m, qoe = self.model, self.qoe
+        assert qoe is not None
+        if not under_pressure(
+            self.kv_usage(), len(self.running), len(self._waiting), m.max_num_seqs, qoe
+        ):
+            return
+        self._rule_at = now + qoe.interval_s
+        context = sum(r.computed for r in self.running)
+        step = m.step_time(0, max(len(self.running), 1), context) * self._slowdown(now)
+        streams = [self._stream(r, True, now) for r in self.running]
+        streams += [self._stream(r, False, now) for _, r in self._waiting]
+        # One block per running request stays free for its next tokens (as Andes leaves).
+        free = self.free_blocks - len(self.running)
+        decision = decide(streams, free, m.max_num_seqs, step, m.max_num_batched_tokens, qoe)
+        self._parked.update(id(r) for r in decision.pause)
+        for req in decision.pause:
+            self._preempt(req, now)
+        if decision.pause or decision.admit:
+            self._first = {id(r): k for k, r in enumerate(decision.admit)}
+            self._waiting = [(self._key(r), r) for _, r in self._waiting]
+            heapq.heapify(self._waiting)
+
+    def _stream(self, r: SimRequest, running: bool, now: float) -> Stream:
+        context = r.prompt_tokens + r.generated
+        return Stream(
+            r,
+            running,
+            r.blocks + len(r.shared) if running else self._blocks_for(context + 1),
+            now - r.arrival,
+            r.generated,
+            _remaining(r) if r.predicted is not None else None,
+            context if running else context - r.computed,
+            *r.expectation,
+            since_start_s=now - r.ran_at if running and r.ran_at is not None else None,
+        )
 
     # -- KV blocks and the prefix cache ---------------------------------------------------------
 
@@ -356,6 +422,8 @@ class SimEngine:
             return None
         if self._waiting and n < m.max_num_seqs and self._head_fits():
             return None  # the queue's head would be admitted at the next step
+        if self.qoe is not None and self._waiting:
+            horizon = min(horizon, self.qoe.interval_s)  # the rule looks again by then
         k = m.max_model_len
         context = 0
         for r in running:
@@ -400,6 +468,9 @@ class SimEngine:
         end = start + plan.duration
         done = []
         for req, _ in plan.work:
+            if req.paused_at is not None:
+                req.stalls.append((req.paused_at, start + plan.per_step, req.generated))
+                req.paused_at = None
             req.computed += k
             req.generated += k
             self._allocate(req, -(-req.computed // bs) - req.blocks - len(req.shared))

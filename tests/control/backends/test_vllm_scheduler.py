@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from steersman.control.backends.vllm_server import VllmServer, free_port
+from steersman.control.core.qoe_rule import knobs_as_extra
+from steersman.control.core.settings import QoeSettings
 from steersman.telemetry.vllm_metrics import scrape
 from tests.conftest import VLLM_PYTHON, skip_or_fail
 
@@ -66,6 +68,7 @@ async def _generate(
     predicted: int,
     rng: random.Random,
     started: asyncio.Event | None = None,
+    xargs: dict | None = None,
 ) -> tuple[list[float], int]:
     """One request (its own prompt, so no prefix is shared): when each chunk arrived, and the
     tokens generated (a chunk can carry several when the server runs ahead of its reader)."""
@@ -76,7 +79,7 @@ async def _generate(
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "vllm_xargs": {"steersman_predicted_tokens": predicted},
+        "vllm_xargs": {"steersman_predicted_tokens": predicted, **(xargs or {})},
     }
     times: list[float] = []
     generated = 0
@@ -159,3 +162,37 @@ def test_a_kv_starved_server_preempts_the_longest_predicted_remaining(servers):
     ended = {name: t[-1] for name, t in runs.items()}
     assert max(stall, key=stall.__getitem__) == "long", stall  # recomputed after the others
     assert max(ended, key=ended.__getitem__) == "long", ended
+
+
+def test_a_stream_far_ahead_of_its_reader_is_paused_for_one_whose_first_token_is_due(servers):
+    """The one-slot server (every seat taken is pressure): with readers' expectations, the QoE
+    rule pauses the long stream (once past its protection after a start) to serve the newcomer,
+    then resumes it; without them the queue waits for it (the shortest-first test above)."""
+    url = servers[0].url
+    rng = random.Random(3)
+    reader = {"steersman_expected_ttft_s": 1.0, "steersman_expected_pace_s": 0.2,
+              **knobs_as_extra(QoeSettings(enabled=True, protect_s=0.2))}  # fmt: skip
+
+    async def main() -> dict[str, tuple[list[float], int]]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            before = (await scrape(client, url, timeout_s=10)).preemptions_total or 0.0
+            started = asyncio.Event()
+            long = asyncio.create_task(_generate(client, url, 1000, 1000, rng, started, reader))
+            await started.wait()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.3:  # past the rule's protection of a fresh start
+                assert not long.done(), "the long stream ended before the newcomer could come"
+                await asyncio.sleep(0.05)
+            short = await _generate(client, url, 4, 4, rng, None, reader)
+            runs = {"long": await long, "short": short}
+            after = (await scrape(client, url, timeout_s=10)).preemptions_total or 0.0
+        assert after > before, "nothing was preempted"
+        return runs
+
+    done = asyncio.run(main())
+    assert {name: n for name, (_, n) in done.items()} == {"long": 1000, "short": 4}
+    (long, _), (short, _) = done["long"], done["short"]
+    assert short[-1] < long[-1]  # served while the long one was paused
+    gaps = [(b - a, a) for a, b in itertools.pairwise(long)]
+    stall, at = max(gaps)
+    assert at <= short[0] <= at + stall  # the long one's pause spans the newcomer's first token

@@ -61,3 +61,30 @@ def test_above_capacity_the_backlog_grows_and_the_rate_is_refused(least_load_cap
     over = bench.steady_run("least-load", variant, items, TRACE, 2 * least_load_capacity, A30,
                             2, STEADY)  # fmt: skip
     assert not over["stable"]
+
+
+def _streamed(stalls=()) -> bench.SimRequest:
+    r = bench.SimRequest("r", 0.0, prompt_tokens=10, output_tokens=50, generated=50)
+    r.first_token_at, r.finished_at, r.stalls = 0.5, 10.0, list(stalls)
+    return r
+
+
+def test_qoe_counts_the_pause_a_preemption_made():
+    kept_pace = bench._qoe(_streamed())
+    paused = bench._qoe(_streamed([(1.0, 8.0, 5)]))  # 5 tokens by 1 s, nothing until 8 s
+    assert kept_pace == 1.0
+    assert paused < 0.9
+
+
+def test_qoe_figures_count_who_fell_behind():
+    fine, stalled = _streamed(), _streamed([(1.0, 8.0, 5)])
+    out = bench.measure([fine, stalled], {}, (1.0, 0.1))
+    assert out["qoe_below_0_9"] == 0.5 and out["qoe_at_least_0_5"] >= 0.5
+    assert out["qoe_p10"] < out["qoe_mean"] < 1.0
+
+
+@pytest.mark.parametrize("policy", ["andes", "steersman-qoe"])
+def test_the_qoe_rule_runs_in_every_engine_of_its_policies(policy):
+    assert bench.variants()[policy].qoe.enabled
+    others = [v for p, v in bench.variants().items() if p not in ("andes", "steersman-qoe")]
+    assert all(v.qoe is None for v in others)

@@ -144,3 +144,45 @@ def test_metrics_and_admin_state(tmp_path):
     assert state["mode"] == "NORMAL" and state["miss_streak"] >= 0
     assert [i["name"] for i in state["instances"]] == ["sim-a", "sim-b"]
     assert state["predictor"]["n"] == 3
+
+
+def test_streamed_qoe_expectations_from_settings_and_headers(tmp_path):
+    code = {"ttft_s": 3.0, "pace_s": 0.05}
+    settings = settings_for(tmp_path, SIMS, qoe={"enabled": True, "classes": {"code": code}})
+    with running(settings) as (daemon, url):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        client.completions.create(model=MODEL, prompt="Name three colours.", max_tokens=4)
+        client.completions.create(model=MODEL, prompt="Write a Python function to sort.",
+                                  max_tokens=4)  # fmt: skip
+        client.completions.create(
+            model=MODEL,
+            prompt="Name three colours.",
+            max_tokens=4,
+            extra_headers={"x-steersman-expected-ttft": "0.5", "x-steersman-expected-pace": "0.1"},
+        )
+        post = httpx.Client(base_url=url, timeout=10).post
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        for header, value in [
+            ("x-steersman-expected-ttft", "soon"),
+            ("x-steersman-expected-pace", "0"),
+            ("x-steersman-expected-pace", "inf"),
+            ("x-steersman-expected-ttft", "1e9"),
+        ]:
+            response = post("/v1/completions", json=body, headers={header: value})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == header and repr(value) in error["message"]
+        daemon.writer.flush(10)
+        rows = _rows(
+            settings,
+            "SELECT request_class, expected_ttft_s, expected_pace_s, qoe, error FROM requests "
+            "ORDER BY id",
+        )
+    assert [(r.expected_ttft_s, r.expected_pace_s) for r in rows[:3]] == [
+        (1.0, 0.2),  # the settings' default
+        (3.0, 0.05),  # its class's
+        (0.5, 0.1),  # the client's own
+    ]
+    assert rows[1].request_class == "code"
+    assert all(0 < r.qoe <= 1 and r.error is None for r in rows[:3])
+    assert len(rows) == 7 and all("header x-steersman-expected" in r.error for r in rows[3:])

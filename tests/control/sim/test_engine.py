@@ -227,3 +227,55 @@ def test_cached_blocks_are_evicted_least_recently_used_when_room_is_needed():
     _drain(engine)
     assert again.cached_tokens < 144  # evicted to make room for the second prompt
     assert engine.free_blocks == model.num_blocks
+
+
+# -- the streamed-QoE rule (core.qoe_rule) inside the engine ----------------------------------
+
+QOE_MODEL = dataclasses.replace(UNIT, a=0.01, num_blocks=17, max_num_seqs=8)
+
+
+def _crowded(qoe) -> tuple[SimEngine, SimRequest, SimRequest, float]:
+    """A stream that ran far ahead of its reader fills the cache; a newcomer waits for room."""
+    engine = SimEngine(QOE_MODEL, qoe=qoe)
+    ahead = SimRequest("ahead", 0.0, prompt_tokens=150, output_tokens=110)
+    engine.add(ahead)
+    now = 0.0
+    while ahead.generated < 100:
+        plan = engine.plan(now)
+        now += plan.duration
+        engine.finish(plan, now)
+    late = SimRequest("late", now - 2.0, prompt_tokens=100, output_tokens=20)  # first token due
+    engine.add(late)
+    return engine, ahead, late, now
+
+
+def test_qoe_rule_pauses_the_stream_ahead_of_its_reader_for_an_overdue_one():
+    from steersman.control.core.settings import QoeSettings
+
+    engine, ahead, late, now = _crowded(QoeSettings(enabled=True, protect_s=0.0))
+    plan = engine.plan(now)
+    assert [r.id for r, _ in plan.work] == ["late"]
+    assert ahead.preemptions == 1 and ahead.paused_at == now
+    now += plan.duration
+    engine.finish(plan, now)
+    while engine.has_work():
+        plan = engine.plan(now)
+        now += plan.duration
+        engine.finish(plan, now)
+    assert late.finished_at < ahead.finished_at
+    (paused, resumed, had), *_ = ahead.stalls  # what its reader saw: a pause, then more tokens
+    assert paused < resumed and had == 100
+
+
+@pytest.mark.parametrize(
+    "qoe",
+    [None, {"enabled": False}, {"enabled": True, "kv_pressure": 1.0, "protect_s": 1000.0}],
+    ids=["no rule", "rule off", "rule on, the stream protected"],
+)
+def test_without_the_qoe_rule_the_engine_order_stands(qoe):
+    from steersman.control.core.settings import QoeSettings
+
+    engine, ahead, _late, now = _crowded(None if qoe is None else QoeSettings(**qoe))
+    plan = engine.plan(now)
+    assert [r.id for r, _ in plan.work] == ["ahead"]
+    assert ahead.preemptions == 0 and not ahead.stalls
