@@ -1,4 +1,4 @@
-"""The Streamlit dashboard (the one module that imports streamlit): six on-call pages over the
+"""The Streamlit dashboard (the one module that imports streamlit): seven on-call pages over the
 SQL history, on a read-only connection, refreshed live.
 
 Started by `steersman dashboard`, which runs ``streamlit run app.py -- --db URL --refresh S``.
@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from steersman.dashboard import charts, data
 from steersman.storage.engine import make_read_only_engine, mask_url
+from steersman.storage.query import percentile
 
 INSTANCE_COLUMNS = [
     "instance",
@@ -28,7 +29,7 @@ INSTANCE_COLUMNS = [
     "step_s",
     "profiled_step_s",
 ]
-PAGES = ("Overview", "Predictions", "Controller", "GPUs", "Instances", "Models")
+PAGES = ("Overview", "Predictions", "Controller", "GPUs", "Instances", "QoE", "Models")
 WINDOWS = {
     "15 minutes": timedelta(minutes=15),
     "1 hour": timedelta(hours=1),
@@ -244,6 +245,35 @@ def instances(engine, window: Window) -> None:
         st.caption("No instance was marked down in this window.")
 
 
+def qoe(engine, window: Window) -> None:
+    st.title("QoE")
+    reqs = data.requests(engine, window.since)
+    done = reqs[reqs["qoe"].notna()] if len(reqs) else reqs
+    if not len(done):
+        st.info("No streamed requests with a QoE in this window yet.")
+        return
+    st.caption(
+        "Quality of experience of each streamed answer (Andes): 1 when tokens kept ahead of "
+        "a reader who expected the first token within the expected TTFT and then one every "
+        "expected pace; less the further the stream fell behind."
+    )
+    q = list(done["qoe"])
+    a, b, c, d = st.columns(4)
+    a.metric("Streams", len(q))
+    b.metric("QoE mean", _fmt(sum(q) / len(q)))
+    c.metric("QoE p10", _fmt(percentile(q, 0.10)))
+    d.metric("Fell behind (QoE < 0.9)", _fmt(100 * sum(v < 0.9 for v in q) / len(q), "%"))
+    over_time = data.qoe_over_time(done)
+    if len(over_time):
+        _chart(charts.lines(over_time, "ts", "value", "series", "QoE"))
+    _chart(charts.qoe_histogram(done))
+    left, right = st.columns(2)
+    left.subheader("By request class")
+    left.dataframe(data.qoe_by(done, "request_class"), hide_index=True)
+    right.subheader("By instance")
+    right.dataframe(data.qoe_by(done, "instance"), hide_index=True)
+
+
 def models(engine, _window: Window) -> None:
     st.title("Models")
     rows = data.models(engine)
@@ -262,6 +292,7 @@ RENDER = {
     "Controller": controller,
     "GPUs": gpus,
     "Instances": instances,
+    "QoE": qoe,
     "Models": models,
 }
 

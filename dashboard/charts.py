@@ -44,6 +44,19 @@ def error_histogram(done: pd.DataFrame) -> alt.Chart:
     )
 
 
+def qoe_histogram(done: pd.DataFrame) -> alt.Chart:
+    return (
+        alt.Chart(done)
+        .mark_bar()
+        .encode(
+            x=alt.X("qoe:Q", bin=alt.Bin(maxbins=20, extent=[0, 1]), title="QoE"),
+            y=alt.Y("count():Q", title="streams"),
+            color=alt.Color("request_class:N", title="class"),
+        )
+        .properties(height=220)
+    )
+
+
 def mode_timeline(periods: pd.DataFrame, start: Any, end: Any) -> alt.Chart:
     """NORMAL and FALLBACK periods as one bar across the whole window."""
     return (

@@ -75,6 +75,8 @@ def requests(engine: Engine, since: datetime | None) -> pd.DataFrame:
         r.ttft_s,
         r.e2e_s,
         r.qoe,
+        r.expected_ttft_s,
+        r.expected_pace_s,
         r.model_version,
         r.error,
     ).order_by(r.id)
@@ -340,6 +342,52 @@ def instance_latency(done: pd.DataFrame) -> pd.DataFrame:
         rows,
         columns=["instance", "requests", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"],
     )
+
+
+QOE_COLUMNS = ["streams", "qoe_mean", "qoe_p10", "below_0_9", "expected_ttft_s", "expected_pace_s"]
+
+
+def qoe_by(done: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per group (request class, instance): how many streams, their mean and 10th-percentile
+    QoE, the share that fell behind their readers (QoE < 0.9), and what those readers expected
+    (the most common expectation)."""
+    rows = []
+    for name, group in done[done["qoe"].notna()].groupby(column):
+        q = list(group["qoe"])
+        rows.append(
+            {
+                column: name,
+                "streams": len(q),
+                "qoe_mean": sum(q) / len(q),
+                "qoe_p10": percentile(q, 0.10),
+                "below_0_9": sum(v < 0.9 for v in q) / len(q),
+                "expected_ttft_s": _mode(group.get("expected_ttft_s")),
+                "expected_pace_s": _mode(group.get("expected_pace_s")),
+            }
+        )
+    return pd.DataFrame(rows, columns=[column, *QOE_COLUMNS])
+
+
+def qoe_over_time(done: pd.DataFrame, bucket: str = "1min") -> pd.DataFrame:
+    """Per time bucket, in long form: mean QoE, its 10th percentile and the share below 0.9."""
+    streams = done[done["qoe"].notna()]
+    rows = []
+    for ts, group in streams.groupby(streams["finished_at"].dt.floor(bucket)):
+        q = list(group["qoe"])
+        for series, value in (
+            ("mean", sum(q) / len(q)),
+            ("p10", percentile(q, 0.10)),
+            ("share < 0.9", sum(v < 0.9 for v in q) / len(q)),
+        ):
+            rows.append({"ts": ts, "series": series, "value": value})
+    return pd.DataFrame(rows, columns=["ts", "series", "value"])
+
+
+def _mode(values: pd.Series | None) -> float | None:
+    if values is None:
+        return None
+    values = values.dropna()
+    return None if not len(values) else float(values.mode().iloc[0])
 
 
 def band_coverage(done: pd.DataFrame, bucket: str = "1min") -> pd.DataFrame:

@@ -226,6 +226,7 @@ class _Steered:
             ttft,
             pace,
             since_start_s=None if started is None else now - started,
+            pauses=request.num_preemptions,
         )
 
     def _pause(self, request: Any, now: float) -> bool:

@@ -28,6 +28,7 @@ class Suite(StrEnum):
     sim = "sim"
     real = "real"
     fleet = "fleet"
+    qoe = "qoe"
     all = "all"
 
 
@@ -47,7 +48,8 @@ def bench_command(
         Suite,
         typer.Option(
             help="Simulated cluster, real vLLM CPU, simulated fleets whose GPUs differ or slow "
-            "down (fleet), or all three."
+            "down (fleet), streamed QoE side by side (qoe: --profile, default the A30 and the "
+            "A100), or all four."
         ),
     ] = Suite.sim,
     out: Annotated[Path, typer.Option(help="Directory for report.md, results.json, plots.")] = (
@@ -195,6 +197,10 @@ def bench_command(
         results["fleet"] = _fleet_suite(
             console, counter, length_model, checks["trace"], checks["fleet"], requests
         )
+    if suite in (Suite.qoe, Suite.all):
+        results["qoe"] = _qoe_suite(
+            console, counter, length_model, checks["trace"], profile, requests, seed
+        )
     if suite in (Suite.real, Suite.all):
         try:
             results["real"] = _real_suite(
@@ -230,7 +236,7 @@ def _checked(
     from steersman.data import path
 
     checks: dict[str, Any] = {"vllm_python": vllm_python}
-    if suite in (Suite.sim, Suite.fleet, Suite.all):
+    if suite in (Suite.sim, Suite.fleet, Suite.qoe, Suite.all):
         bundled = trace in BUNDLED_TRACES
         source = path(trace) if bundled or trace == HASHED else Path(trace)
         if not bundled and trace != HASHED and not source.exists():
@@ -243,7 +249,7 @@ def _checked(
             checks["trace"] = arrival_trace(checks["hashed"])
         else:
             checks["trace"] = load_trace(source, strict=not bundled)
-    if suite in (Suite.sim, Suite.all):
+    if suite in (Suite.sim, Suite.qoe, Suite.all):
         checks["profiles"] = {name: load_profile(name) for name in profiles}
         checks["scenarios"] = tuple(s.strip() for s in scenarios.split(",") if s.strip())
         for scenario in checks["scenarios"]:
@@ -293,6 +299,24 @@ def _fleet_suite(console, counter, length_model, trace, options, requests) -> di
     items = bench.trace_items(trace, errors, requests, window, options.seed)
     console.print(f"fleet: {options.fleet}; {options.homogeneous}", markup=False)
     return fleet.run(items, trace, options, say=lambda text: console.print(text, markup=False))
+
+
+def _qoe_suite(console, counter, length_model, trace, profiles, requests, seed) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The trace's lengths, predicted with the length model's measured error."""
+    from steersman.control.harness import bench, qoe_suite
+    from steersman.control.sim.profiles import load_profile
+    from steersman.learners.hf import LengthModel
+
+    model = LengthModel.load(length_model)
+    errors = bench.model_errors(counter, model.predict_log, 1000, seed + 1)
+    options = qoe_suite.QoeOptions(seed=seed)
+    if profiles:
+        options = qoe_suite.QoeOptions(profiles=tuple(profiles), seed=seed)
+    items = {
+        name: bench.trace_items(trace, errors, requests, load_profile(name).max_model_len, seed)
+        for name in options.profiles
+    }
+    return qoe_suite.run(items, trace, options, say=lambda text: console.print(text, markup=False))
 
 
 def _policies(text: str) -> tuple[str, ...]:

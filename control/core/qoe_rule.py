@@ -32,7 +32,15 @@ EXPECTED_TTFT = "steersman_expected_ttft_s"
 EXPECTED_PACE = "steersman_expected_pace_s"
 # The rule's knobs travel with each request too (``steersman_qoe_<knob>``): the engine has no
 # other way to hear steersman's settings.
-KNOBS = ("kv_pressure", "horizon_s", "interval_s", "protect_s", "min_left_tokens", "unknown_tokens")
+KNOBS = (
+    "kv_pressure",
+    "horizon_s",
+    "interval_s",
+    "protect_s",
+    "min_left_tokens",
+    "unknown_tokens",
+    "max_pauses",
+)
 
 
 def knobs_as_extra(settings: RuleSettings) -> dict[str, float]:
@@ -67,6 +75,7 @@ class RuleSettings(Protocol):
     protect_s: float
     min_left_tokens: int
     unknown_tokens: float
+    max_pauses: int
 
 
 @dataclass(slots=True)
@@ -87,6 +96,7 @@ class Stream:
     ttft_s: float = 1.0
     pace_s: float = 0.2
     since_start_s: float | None = None
+    pauses: int = 0  # times it was preempted already
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +214,7 @@ def decide(
     """Which running streams to pause and which waiting ones to admit first.
 
     >>> from types import SimpleNamespace as S
-    >>> k = S(horizon_s=2.0, protect_s=1.0, min_left_tokens=8, unknown_tokens=256.0)
+    >>> k = S(horizon_s=2.0, protect_s=1.0, min_left_tokens=8, unknown_tokens=256.0, max_pauses=1)
     >>> ahead = Stream("ahead", True, 40, 20.0, 90, 200, since_start_s=15.0)
     >>> fresh = Stream("fresh", True, 40, 2.0, 5, 200, since_start_s=0.5)
     >>> late = Stream("late", False, 30, 3.0, 0, 100, restart_tokens=400)
@@ -221,7 +231,12 @@ def decide(
     def density(s: Stream) -> float:
         return score[s.key] / max(s.blocks, 1)
 
-    waiting = sorted((s for s in streams if not s.running), key=density, reverse=True)
+    # A paused stream comes back before new ones: its reader is already reading.
+    waiting = sorted(
+        (s for s in streams if not s.running),
+        key=lambda s: (s.delivered > 0, density(s)),
+        reverse=True,
+    )
     pausable = sorted((s for s in streams if s.running and _pausable(s, settings)), key=density)
     seats = max_seqs - sum(1 for s in streams if s.running)
     free = free_blocks
@@ -253,7 +268,7 @@ def decide(
 def _pausable(s: Stream, settings: RuleSettings) -> bool:
     recent = s.since_start_s is not None and s.since_start_s < settings.protect_s
     nearly_done = s.remaining is not None and s.remaining <= settings.min_left_tokens
-    return not recent and not nearly_done
+    return not recent and not nearly_done and s.pauses < settings.max_pauses
 
 
 def _blocks(streams: Sequence[Stream]) -> int:

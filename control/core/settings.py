@@ -203,6 +203,14 @@ class QoeSettings(_Section):
         gt=0,
         description="What a request without a prediction is taken to have left (Andes-style).",
     )
+    max_pauses: int = Field(
+        default=0,
+        ge=0,
+        description="Times the rule may pause (preempt) one request for others; 0: it only "
+        "orders admissions. vLLM preempts by recompute (Andes swapped to host memory), and "
+        "on the profiles benchmarked the recompute cost more QoE than the pauses won "
+        "(docs/benchmarks.md): raise it where preemption is cheap.",
+    )
 
     def expectation(self, request_class: str | None = None) -> tuple[float, float]:
         """(expected TTFT, expected pace) for a request class."""

@@ -43,6 +43,7 @@ from steersman.telemetry.sampler import Sampler
 
 PredictLog = Callable[[list[str]], list[float]]
 QOE_ON = QoeSettings(enabled=True)
+QOE_PAUSING = QoeSettings(enabled=True, max_pauses=1)
 CONSTANT_TOKENS = 128.0  # what a predictor that knows nothing says: the corrector's prior
 
 
@@ -100,6 +101,17 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
         ),
         "steersman-qoe": Variant(
             DispatchSettings(policy=dispatch), "priority", "learned", qoe=QOE_ON
+        ),
+        # The same, allowed to pause (preempt) a stream once for others, as Andes does.
+        "andes-pausing": Variant(
+            DispatchSettings(policy="least-load", **lb),
+            "fcfs",
+            "none",
+            priorities=False,
+            qoe=QOE_PAUSING,
+        ),
+        "steersman-qoe-pausing": Variant(
+            DispatchSettings(policy=dispatch), "priority", "learned", qoe=QOE_PAUSING
         ),
     }
 
@@ -472,9 +484,11 @@ def capacity(
     near: float | None = None,
     seed: int = 0,
     fleet: Fleet | None = None,
+    meets: Callable[[dict[str, Any]], bool] | None = None,
 ) -> float:
     """The highest steady arrival rate (to 2%) at which the policy keeps P99 TTFT within the
-    bound and its backlog from growing (``steady``). ``near``, another policy's capacity,
+    bound (or the run ``meets`` another objective: ``qoe_objective``) and its backlog from
+    growing (``steady``). ``near``, another policy's capacity,
     starts the search at it and within a fifth of it (policies differ by less; the search
     widens when the answer is outside), so a policy that holds the SLO at that rate is found
     at least as capable."""
@@ -484,6 +498,8 @@ def capacity(
         run = steady_run(
             name, variant, items, trace, rate, profile, instances, steady, seed=seed, fleet=fleet
         )
+        if meets is not None:
+            return run["stable"] and meets(run)
         p99 = run["ttft_p99_s"]
         return run["stable"] and p99 is not None and p99 <= slo_ttft_p99_s
 
@@ -500,6 +516,16 @@ def capacity(
         mid = (low * high) ** 0.5
         low, high = (mid, high) if ok(mid) else (low, mid)
     return low
+
+
+def qoe_objective(run: dict[str, Any]) -> bool:
+    """Andes' high-QoE criterion: at least 95% of streams reach QoE 0.9.
+
+    >>> qoe_objective({"qoe_below_0_9": 0.04}), qoe_objective({"qoe_below_0_9": 0.2})
+    (True, False)
+    """
+    share = run.get("qoe_below_0_9")
+    return share is not None and share <= 0.05
 
 
 def _predict(texts: list[str], predict_log: PredictLog) -> list[float]:

@@ -33,6 +33,7 @@ from steersman.control.serve.settings import Settings
 from steersman.control.training.bundled import bundled_records, held_out
 from steersman.data import path
 from steersman.learners.tokens import TokenCounter
+from steersman.storage.query import percentile
 from steersman.telemetry.vllm_metrics import parse_metrics
 
 # What each policy means in a deployment.
@@ -43,6 +44,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # With steersman's vLLM scheduler class reading the predictions: what the class adds.
     "steersman-class": {},
     "oracle": {"dispatch": {"policy": "oracle"}, "controller": {"enabled": False}},
+    # The class also applies the streamed-QoE rule (core.qoe_rule) to the readers' expectations.
+    "steersman-qoe": {"qoe": {"enabled": True}},
 }
 BASELINES: dict[str, dict[str, Any]] = {
     "round-robin": {"dispatch": {"policy": "round-robin", "admission": "none"}, "stock": True},
@@ -60,6 +63,10 @@ METRICS = (
     "ttft_p99_s",
     "norm_mean_s",
     "prefix_hit_rate",
+    "qoe_mean",
+    "qoe_p10",
+    "qoe_below_0_9",
+    "qoe_at_least_0_5",
 )
 
 
@@ -129,6 +136,7 @@ def run_real(
                 looked_up, found = after[0] - before[0], after[1] - before[1]
                 summary = summarize_run(outcomes, wall, history_summary(settings.database_url))
                 ok = [o for o in outcomes if o.ok]
+                summary.update(qoe_spread([o.qoe for o in ok if o.qoe is not None]))
                 summary.update(
                     policy=policy,
                     repeat=repeat,
@@ -144,6 +152,22 @@ def run_real(
                 )
                 runs[policy].append(summary)
     return [aggregate(policy, got) for policy, got in runs.items()]
+
+
+def qoe_spread(qoes: list[float]) -> dict[str, float | None]:
+    """Who fell behind their readers: the 10th percentile QoE, the shares below 0.9 and at
+    least 0.5.
+
+    >>> qoe_spread([1.0, 0.95, 0.6, 0.2])["qoe_below_0_9"]
+    0.5
+    """
+    if not qoes:
+        return dict.fromkeys(("qoe_p10", "qoe_below_0_9", "qoe_at_least_0_5"))
+    return {
+        "qoe_p10": _round(percentile(qoes, 0.10)),
+        "qoe_below_0_9": _round(sum(q < 0.9 for q in qoes) / len(qoes)),
+        "qoe_at_least_0_5": _round(sum(q >= 0.5 for q in qoes) / len(qoes)),
+    }
 
 
 def aggregate(policy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:

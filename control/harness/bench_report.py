@@ -37,9 +37,51 @@ def report(results: dict[str, Any]) -> str:
         lines += sim_section(results["sim"])
     if results.get("fleet"):
         lines += fleet_section(results["fleet"])
+    if results.get("qoe"):
+        lines += qoe_section(results["qoe"])
     if results.get("real"):
         lines += real_section(results["real"])
     return "\n".join(lines) + "\n"
+
+
+def qoe_section(qoe: dict[str, Any]) -> list[str]:
+    o = qoe["options"]
+    s = o["steady_state"]
+    lines = [
+        "",
+        "## Streamed quality of experience",
+        "",
+        "QoE as Andes defines it (first token expected within 1 s, then one every 0.2 s). "
+        "QoE capacity: the highest steady rate at which 95% of streams reach QoE 0.9 (each run "
+        f"{s['duration_s']:g} s of arrivals, the first {s['warmup_s']:g} s left out). Overload: "
+        f"{o['base']:g}x least-load's QoE capacity for {o['lead_s']:g} s, {o['overload']:g}x for "
+        f"{o['overload_s']:g} s, then {o['base']:g}x again; every request counted. `andes`: the "
+        "QoE rule in every engine, no length predictions, behind least-load; `steersman-qoe`: "
+        "steersman's default with the rule fed its predictions; `-pausing`: the rule may also "
+        "pause (preempt) a stream once. Ratios are to least-load's.",
+    ]
+    for p in qoe["profiles"]:
+        cap, over = p["qoe_capacity_rps"], p["overload"]
+        ll_cap, ll = cap.get("least-load"), over.get("least-load", {})
+        lines += [
+            "",
+            f"### {p['profile']} x {o['instances']}",
+            "",
+            "| policy | QoE capacity (req/s) | to least-load | overload: QoE < 0.9 | to least-load "
+            "| QoE p10 | QoE mean | QoE >= 0.5 | TTFT p99 | E2E p99 | to least-load | "
+            "preemptions |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, r in over.items():
+            below, e2e = r["qoe_below_0_9"], r["e2e_p99_s"]
+            cells = [
+                name, _fmt(cap.get(name)), _ratio(cap.get(name), ll_cap), _fmt(below),
+                _ratio(below, ll.get("qoe_below_0_9")), _fmt(r["qoe_p10"]), _fmt(r["qoe_mean"]),
+                _fmt(r["qoe_at_least_0_5"]), _fmt(r["ttft_p99_s"]), _fmt(e2e),
+                _ratio(e2e, ll.get("e2e_p99_s")), str(r["preemptions"]),
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def sim_section(sim: dict[str, Any]) -> list[str]:
@@ -243,7 +285,10 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
     return lines
 
 
-REAL = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s", "norm_mean_s")
+REAL = (
+    "e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "ttft_p50_s", "ttft_p99_s", "norm_mean_s",
+    "qoe_mean", "qoe_at_least_0_5",
+)  # fmt: skip
 
 
 def real_section(real: dict[str, Any]) -> list[str]:
@@ -263,9 +308,8 @@ def real_section(real: dict[str, Any]) -> list[str]:
         "policy, interleaved; medians, with the lowest and highest run in brackets. Fast path: "
         "the share of predictions RoBERTa did not make within its deadline.",
         "",
-        "| policy | ok | E2E mean | E2E p50 | E2E p99 | TTFT p50 | TTFT p99 | norm mean |"
-        + (" prefix hit |" if multiturn else "")
-        + " fast path |",
+        "| policy | ok | E2E mean | E2E p50 | E2E p99 | TTFT p50 | TTFT p99 | norm mean | QoE "
+        "mean | QoE >= 0.5 |" + (" prefix hit |" if multiturn else "") + " fast path |",
         "|---" * (len(metrics) + 3) + "|",
     ]
     for r in real["runs"]:

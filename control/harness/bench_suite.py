@@ -64,7 +64,7 @@ def run_profile(
     first = "least-load" if "least-load" in variants else next(iter(variants))
     found(first, search(first, None)())
     rest = [p for p in variants if p != first]
-    with _pool(options.workers) as pool:
+    with worker_pool(options.workers) as pool:
         searches = [search(p, raw[first]) for p in rest]  # the very rate, not its rounding
         for name, rate in zip(rest, pool.map(Search.__call__, searches), strict=True):
             found(name, rate)
@@ -204,7 +204,7 @@ class Search:
         )  # fmt: skip
 
 
-def _pool(workers: int) -> Any:
+def worker_pool(workers: int) -> Any:
     """Worker processes (forked: they inherit the workload), or this process for one."""
     if workers <= 1:
         return _InProcess()

@@ -353,6 +353,7 @@ class SimEngine:
             context if running else context - r.computed,
             *r.expectation,
             since_start_s=now - r.ran_at if running and r.ran_at is not None else None,
+            pauses=r.preemptions,
         )
 
     # -- KV blocks and the prefix cache ---------------------------------------------------------

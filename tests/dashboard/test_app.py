@@ -62,6 +62,14 @@ def test_every_page_renders_the_populated_history(monkeypatch, populated_url, na
         assert set(latest["instance"]) == {"sim-a", "sim-b"}
         assert (latest["step_s"] > 0).all() and (latest["profiled_step_s"] > 0).all()
         assert "Decode step time: learned vs profiled" in [h.value for h in at.subheader]
+    elif name == "QoE":
+        assert int(metric(at, "Streams")) == REPLAYED  # every replayed request streamed
+        assert 0 < float(metric(at, "QoE mean")) <= 1
+        assert len(at.get("vega_lite_chart")) == 2  # over time, histogram
+        by_class, by_instance = at.dataframe[0].value, at.dataframe[1].value
+        assert by_class["streams"].sum() == by_instance["streams"].sum() == REPLAYED
+        assert set(by_instance["instance"]) == {"sim-a", "sim-b"}
+        assert (by_class["expected_ttft_s"] == 1.0).all()
     elif name == "Models":
         assert metric(at, "Promoted") == "roberta-test-1"
 

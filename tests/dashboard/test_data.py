@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pandas as pd
+import pytest
+
 from steersman.dashboard import data
 from steersman.storage.engine import make_read_only_engine
 from tests.dashboard.conftest import REPLAYED, UNREACHABLE_URL
@@ -79,3 +82,27 @@ def test_empty_history_gives_empty_answers(empty_url):
     assert o["mode"] == "NORMAL" and o["model_version"] == "fast predictor"
     assert len(data.fallback_periods(evts, datetime.now(UTC))) == 0
     assert len(data.accuracy_by(reqs, "request_class")) == 0
+
+
+def test_qoe_per_group_and_over_time():
+    t0 = pd.Timestamp("2026-12-02 10:00:00", tz="UTC")
+    done = pd.DataFrame(
+        {
+            "request_class": ["chat", "chat", "code", "code", "chat"],
+            "instance": ["a", "b", "a", "b", "a"],
+            "qoe": [1.0, 0.5, 0.95, None, 0.8],
+            "expected_ttft_s": [1.0, 1.0, 2.0, 2.0, 0.5],
+            "expected_pace_s": [0.2, 0.2, 0.05, 0.05, 0.2],
+            "finished_at": [t0, t0, t0 + pd.Timedelta(minutes=1), t0, t0 + pd.Timedelta(minutes=1)],
+        }
+    )
+    by_class = data.qoe_by(done, "request_class").set_index("request_class")
+    assert by_class.loc["chat", "streams"] == 3 and by_class.loc["code", "streams"] == 1
+    assert by_class.loc["chat", "below_0_9"] == pytest.approx(2 / 3)
+    assert by_class.loc["chat", "qoe_mean"] == pytest.approx(2.3 / 3)
+    assert by_class.loc["code", "expected_ttft_s"] == 2.0
+    assert by_class.loc["chat", "expected_pace_s"] == 0.2
+    over = data.qoe_over_time(done)
+    first = over[over["ts"] == t0].set_index("series")["value"]
+    assert first["mean"] == pytest.approx(0.75) and first["share < 0.9"] == pytest.approx(0.5)
+    assert set(over["series"]) == {"mean", "p10", "share < 0.9"} and len(over) == 6

@@ -171,7 +171,7 @@ def test_a_stream_far_ahead_of_its_reader_is_paused_for_one_whose_first_token_is
     url = servers[0].url
     rng = random.Random(3)
     reader = {"steersman_expected_ttft_s": 1.0, "steersman_expected_pace_s": 0.2,
-              **knobs_as_extra(QoeSettings(enabled=True, protect_s=0.2))}  # fmt: skip
+              **knobs_as_extra(QoeSettings(enabled=True, protect_s=0.2, max_pauses=1))}  # fmt: skip
 
     async def main() -> dict[str, tuple[list[float], int]]:
         async with httpx.AsyncClient(timeout=300) as client:

@@ -122,6 +122,26 @@ def test_waiting_requests_go_shortest_predicted_first():
     assert placed(s, state(), now=1.0) == ["short", "mid", "long"]
 
 
+@pytest.mark.parametrize(
+    ("ttfts", "order"),
+    [
+        pytest.param((None, None), ["early", "late"], id="no expectations: arrival order"),
+        pytest.param((5.0, 0.5), ["late", "early"], id="the first token due sooner goes first"),
+        pytest.param((5.0, float("nan")), ["late", "early"], id="an odd expectation: due on arrival"),
+    ],
+)
+def test_with_streamed_qoe_the_queue_takes_first_tokens_by_when_they_are_due(ttfts, order):
+    s = Scheduler(
+        DispatchSettings(policy="least-load", aging_s=1.0), ControllerSettings(enabled=False)
+    )
+    s.add(Arrival("big", 400, {"base_tokens": 400.0}), 0.0)
+    placed(s, state())
+    for rid, at, ttft in (("early", 0.0, ttfts[0]), ("late", 1.0, ttfts[1])):
+        s.add(Arrival(rid, 10, {"base_tokens": 100.0}, expected_ttft_s=ttft), at)
+    s.finish("big", Outcome(400), now=2.0)
+    assert placed(s, state(), now=2.0) == order
+
+
 @pytest.mark.parametrize(("waited", "ordered"), [(0.4, False), (0.6, True)])
 def test_with_engine_order_backlog_vllm_is_ordered_only_while_the_queue_is_backlogged(
     waited, ordered

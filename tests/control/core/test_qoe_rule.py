@@ -10,12 +10,14 @@ import pytest
 from steersman.control.core.qoe_rule import Stream, decide, gain, reader_lag_area, under_pressure
 from steersman.control.core.settings import QoeSettings
 
-RULE = QoeSettings(enabled=True, horizon_s=2.0, protect_s=1.0, min_left_tokens=8)
+RULE = QoeSettings(enabled=True, horizon_s=2.0, protect_s=1.0, min_left_tokens=8, max_pauses=1)
 STEP, CHUNK = 0.03, 2048
 
 
-def running(key: str, *, blocks=40, age=20.0, delivered=90, left=200.0, since=15.0) -> Stream:
-    return Stream(key, True, blocks, age, delivered, left, since_start_s=since)
+def running(
+    key: str, *, blocks=40, age=20.0, delivered=90, left=200.0, since=15.0, pauses=0
+) -> Stream:
+    return Stream(key, True, blocks, age, delivered, left, since_start_s=since, pauses=pauses)
 
 
 def waiting(key: str, *, blocks=30, age=3.0, delivered=0, left=100.0, prompt=400) -> Stream:
@@ -85,6 +87,7 @@ def test_pauses_the_stream_furthest_ahead_to_admit_an_overdue_one():
         pytest.param([running("ahead"), waiting("late")], 30, id="room enough: nobody paused"),
         pytest.param([running("fresh", since=0.5), waiting("late")], 0, id="just restarted"),
         pytest.param([running("ending", left=4), waiting("late")], 0, id="nearly done"),
+        pytest.param([running("paused", pauses=1), waiting("late")], 0, id="paused enough"),
         pytest.param(
             [running("behind", delivered=92, left=20), waiting("early", age=0.2)],
             0,
@@ -110,3 +113,16 @@ def test_odd_numbers_do_not_raise():
     odd = Stream("odd", False, 0, math.inf, 0, math.nan, restart_tokens=0, pace_s=0.2)
     d = decide([odd, running("ahead")], 0, 8, 0.0, 0, RULE)
     assert set(d.gains) == {"odd", "ahead"}
+
+
+def test_without_pauses_it_only_orders_admissions():
+    rule = RULE.model_copy(update={"max_pauses": 0})
+    streams = [running("ahead"), waiting("due-later", age=0.5), waiting("overdue", age=4.0)]
+    d = decide(streams, 100, 8, STEP, CHUNK, rule)
+    assert d.pause == () and d.admit == ("overdue", "due-later")
+
+
+def test_a_paused_stream_comes_back_before_new_ones():
+    back = waiting("back", age=30.0, delivered=120, prompt=500)  # its reader is reading
+    new = waiting("new", age=3.0)
+    assert decide([new, back], 100, 8, STEP, CHUNK, RULE).admit == ("back", "new")

@@ -83,8 +83,11 @@ def test_qoe_figures_count_who_fell_behind():
     assert out["qoe_p10"] < out["qoe_mean"] < 1.0
 
 
-@pytest.mark.parametrize("policy", ["andes", "steersman-qoe"])
+QOE_POLICIES = ("andes", "steersman-qoe", "andes-pausing", "steersman-qoe-pausing")
+
+
+@pytest.mark.parametrize("policy", QOE_POLICIES)
 def test_the_qoe_rule_runs_in_every_engine_of_its_policies(policy):
     assert bench.variants()[policy].qoe.enabled
-    others = [v for p, v in bench.variants().items() if p not in ("andes", "steersman-qoe")]
+    others = [v for p, v in bench.variants().items() if p not in QOE_POLICIES]
     assert all(v.qoe is None for v in others)

@@ -252,7 +252,7 @@ def _crowded(qoe) -> tuple[SimEngine, SimRequest, SimRequest, float]:
 def test_qoe_rule_pauses_the_stream_ahead_of_its_reader_for_an_overdue_one():
     from steersman.control.core.settings import QoeSettings
 
-    engine, ahead, late, now = _crowded(QoeSettings(enabled=True, protect_s=0.0))
+    engine, ahead, late, now = _crowded(QoeSettings(enabled=True, protect_s=0.0, max_pauses=1))
     plan = engine.plan(now)
     assert [r.id for r, _ in plan.work] == ["late"]
     assert ahead.preemptions == 1 and ahead.paused_at == now
@@ -269,8 +269,13 @@ def test_qoe_rule_pauses_the_stream_ahead_of_its_reader_for_an_overdue_one():
 
 @pytest.mark.parametrize(
     "qoe",
-    [None, {"enabled": False}, {"enabled": True, "kv_pressure": 1.0, "protect_s": 1000.0}],
-    ids=["no rule", "rule off", "rule on, the stream protected"],
+    [
+        None,
+        {"enabled": False},
+        {"enabled": True, "max_pauses": 1, "protect_s": 1000.0},
+        {"enabled": True, "max_pauses": 0, "protect_s": 0.0},
+    ],
+    ids=["no rule", "rule off", "rule on, the stream protected", "rule on, no pauses"],
 )
 def test_without_the_qoe_rule_the_engine_order_stands(qoe):
     from steersman.control.core.settings import QoeSettings
