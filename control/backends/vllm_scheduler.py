@@ -175,8 +175,9 @@ class _Steered:
     def _serve_readers(self, now: float) -> None:
         readers = self._readers
         readers.tick(now, bool(self.running))
+        started = readers.started
+        readers.started = {r.request_id: started.get(r.request_id, now) for r in self.running}
         for request in self.running:
-            readers.started.setdefault(request.request_id, now)
             if request.request_id in readers.boosted:  # admitted: its own priority again
                 request.priority = readers.boosted.pop(request.request_id)
         queue = getattr(self.waiting, "_heap", None) or self.waiting  # the heap unsorted: cheaper
@@ -194,6 +195,10 @@ class _Steered:
         if now < readers.next_at:
             return
         readers.next_at = now + readers.rule.interval_s
+        live = getattr(self, "requests", {})  # vLLM's every unfinished request, by id
+        for held in (readers.parked, readers.boosted):
+            for rid in [rid for rid in held if rid not in live]:  # finished or aborted
+                del held[rid]
         streams = [self._stream(r, True, now) for r in self.running if expectation(_extra(r))]
         streams += [self._stream(r, False, now) for r in waiting]
         free = self.kv_cache_manager.block_pool.get_num_free_blocks() - len(self.running)
@@ -202,7 +207,6 @@ class _Steered:
         paused = [r for r in d.pause if self._pause(r, now)]
         if paused or d.admit:
             for k, request in enumerate(d.admit):
-                readers.started.pop(request.request_id, None)
                 original = readers.parked.pop(request.request_id, request.priority)
                 readers.boosted[request.request_id] = original
                 request.priority = FIRST + k
@@ -236,7 +240,6 @@ class _Steered:
         if not self._request_blocks_can_be_freed(request):  # type: ignore[attr-defined]
             return False  # an asynchronous KV transfer still writes them
         self._readers.parked[request.request_id] = request.priority
-        self._readers.started.pop(request.request_id, None)
         request.priority = PARKED
         self.running.remove(request)
         self._preempt_request(request, now)  # type: ignore[attr-defined]

@@ -233,6 +233,14 @@ class Daemon:
             asyncio.create_task(self._load_loop()),
         ]
         log.info("steersman serving %d instance(s)", len(self.service.instances))
+        if self.settings.qoe.enabled and not any(
+            (i.priority and i.predictions) or i.sim for i in self.settings.instances
+        ):
+            log.warning(
+                "qoe.enabled: no instance runs steersman's vLLM scheduler class (instances[]."
+                "predictions = true), so the engines keep their own order; steersman's queue "
+                "still takes first tokens by when they are due"
+            )
         try:
             yield
         finally:

@@ -127,7 +127,9 @@ def test_waiting_requests_go_shortest_predicted_first():
     [
         pytest.param((None, None), ["early", "late"], id="no expectations: arrival order"),
         pytest.param((5.0, 0.5), ["late", "early"], id="the first token due sooner goes first"),
-        pytest.param((5.0, float("nan")), ["late", "early"], id="an odd expectation: due on arrival"),
+        pytest.param(
+            (5.0, float("nan")), ["late", "early"], id="an odd expectation: due on arrival"
+        ),
     ],
 )
 def test_with_streamed_qoe_the_queue_takes_first_tokens_by_when_they_are_due(ttfts, order):

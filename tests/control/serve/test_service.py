@@ -10,8 +10,9 @@ import pytest
 from steersman.control.backends.base import InstanceUnavailable
 from steersman.control.backends.sim import SimBackend
 from steersman.control.backends.vllm_http import VllmHttpBackend
+from steersman.control.core.qoe_rule import KNOBS, expectation, knobs_of
 from steersman.control.core.scheduler import QueueFull, Scheduler
-from steersman.control.core.settings import ControllerSettings, DispatchSettings
+from steersman.control.core.settings import ControllerSettings, DispatchSettings, QoeSettings
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
@@ -284,6 +285,26 @@ def test_what_an_instance_is_sent_follows_its_settings(priority, predictions, xa
     (sent,) = backend.sent
     assert (sent.priority is not None) is priority
     assert set(sent.xargs or {}) == xargs
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_with_streamed_qoe_on_the_engine_hears_each_reader_and_the_rule(enabled):
+    backend = Seen("a")  # runs steersman's scheduler class
+    instance = Instance("a", backend, LatencyModel(PRIOR), send_predictions=True)
+    settings = QoeSettings(enabled=enabled, classes={"code": {"ttft_s": 2.0, "pace_s": 0.05}})
+
+    async def main():
+        svc, _ = service([instance], engine_order="always", qoe=settings)
+        await complete(svc, "r1", 3, prompt="Write a Python function to sort a list.")
+
+    asyncio.run(main())
+    (sent,) = backend.sent
+    got = expectation(sent.xargs or {})
+    if not enabled:
+        assert got is None and not knobs_of(sent.xargs or {})
+        return
+    assert got == (2.0, 0.05)  # its class's
+    assert knobs_of(sent.xargs) == {k: getattr(settings, k) for k in KNOBS}
 
 
 def test_with_engine_order_backlog_vllm_gets_arrival_order_below_saturation():
