@@ -11,9 +11,11 @@ the most gain per block are admitted first, pausing (preempting) running streams
 per block while the gain admitted exceeds the gain paused. A stream restarted within
 ``protect_s``, or with little left to generate, is never paused (no thrashing).
 
-Predicted lengths enter twice: in the area a stall is measured against, and in what a stream
-has left (a stream that is nearly done frees its blocks soon). Without predictions (Andes as
-published) every stream is taken to have ``unknown_tokens`` left.
+With ``predicted_lengths``, a stream's predicted length sets the area its stall is measured
+against (a short answer's stall weighs more); otherwise (Andes as published, and the default:
+under overload it served more readers well) every stream is taken to have ``unknown_tokens``
+left, and the rule favours the longest-overdue streams that need the fewest blocks. A stream
+predicted to be nearly done is never paused either way.
 
 The rule is plain data in, plain data out and imports nothing outside the standard library:
 vLLM's environment imports it without steersman's dependencies.
@@ -40,6 +42,7 @@ KNOBS = (
     "min_left_tokens",
     "unknown_tokens",
     "max_pauses",
+    "predicted_lengths",
 )
 
 
@@ -76,6 +79,7 @@ class RuleSettings(Protocol):
     min_left_tokens: int
     unknown_tokens: float
     max_pauses: int
+    predicted_lengths: bool
 
 
 @dataclass(slots=True)
@@ -179,7 +183,7 @@ def gain(stream: Stream, step_s: float, chunk_tokens: int, settings: RuleSetting
     is overdue gains the most, and a short one more than a long one.
 
     >>> from types import SimpleNamespace as S
-    >>> k = S(horizon_s=2.0, unknown_tokens=256.0)
+    >>> k = S(horizon_s=2.0, unknown_tokens=256.0, predicted_lengths=True)
     >>> ahead = Stream("a", True, 10, age_s=10.0, delivered=80, remaining=100)
     >>> late = Stream("l", False, 10, age_s=3.0, delivered=0, remaining=100, restart_tokens=30)
     >>> late_long = Stream("L", False, 10, age_s=3.0, delivered=0, remaining=800, restart_tokens=30)
@@ -188,14 +192,14 @@ def gain(stream: Stream, step_s: float, chunk_tokens: int, settings: RuleSetting
     >>> gain(late, 0.03, 2048, k) > gain(late_long, 0.03, 2048, k) > 0
     True
     """
-    remaining = stream.remaining if stream.remaining is not None else settings.unknown_tokens
-    left = max(remaining, 1.0)
+    known = settings.predicted_lengths and stream.remaining is not None
+    left = max(stream.remaining if known else settings.unknown_tokens, 1.0)  # type: ignore[arg-type]
     total = stream.delivered + left
     restart = step_s * (1 + math.ceil(stream.restart_tokens / max(chunk_tokens, 1)))
+    rate = 1.0 / max(step_s, 1e-6)
     # A running stream paused now must also recompute its context before its next token.
     span = settings.horizon_s + (0.0 if not stream.running else restart)
     start = 0.0 if stream.running else restart
-    rate = 1.0 / max(step_s, 1e-6)
     args = (stream.age_s, stream.delivered, total, stream.ttft_s, stream.pace_s, span)
     paused = reader_lag_area(*args)
     served = reader_lag_area(*args, start, rate)
@@ -214,7 +218,8 @@ def decide(
     """Which running streams to pause and which waiting ones to admit first.
 
     >>> from types import SimpleNamespace as S
-    >>> k = S(horizon_s=2.0, protect_s=1.0, min_left_tokens=8, unknown_tokens=256.0, max_pauses=1)
+    >>> k = S(horizon_s=2.0, protect_s=1.0, min_left_tokens=8, unknown_tokens=256.0,
+    ...       max_pauses=1, predicted_lengths=True)
     >>> ahead = Stream("ahead", True, 40, 20.0, 90, 200, since_start_s=15.0)
     >>> fresh = Stream("fresh", True, 40, 2.0, 5, 200, since_start_s=0.5)
     >>> late = Stream("late", False, 30, 3.0, 0, 100, restart_tokens=400)

@@ -201,7 +201,14 @@ class QoeSettings(_Section):
     unknown_tokens: float = Field(
         default=256.0,
         gt=0,
-        description="What a request without a prediction is taken to have left (Andes-style).",
+        description="What every request is taken to have left without predicted_lengths (and "
+        "a request without a prediction with it).",
+    )
+    predicted_lengths: bool = Field(
+        default=False,
+        description="Weigh each stream's stall by its predicted length (a short answer's stall "
+        "weighs more). Off: every stream is taken to have unknown_tokens left, as Andes does; "
+        "under overload that served more readers well (docs/benchmarks.md).",
     )
     max_pauses: int = Field(
         default=0,

@@ -44,6 +44,7 @@ from steersman.telemetry.sampler import Sampler
 PredictLog = Callable[[list[str]], list[float]]
 QOE_ON = QoeSettings(enabled=True)
 QOE_PAUSING = QoeSettings(enabled=True, max_pauses=1)
+QOE_LENGTHS = QoeSettings(enabled=True, predicted_lengths=True)
 CONSTANT_TOKENS = 128.0  # what a predictor that knows nothing says: the corrector's prior
 
 
@@ -91,7 +92,7 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
             DispatchSettings(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
         ),
         # Andes as published: the QoE rule in every engine, no length predictions, behind
-        # least-load; and steersman's default with the rule fed its predictions.
+        # least-load; and steersman with the rule.
         "andes": Variant(
             DispatchSettings(policy="least-load", **lb),
             "fcfs",
@@ -99,8 +100,13 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
             priorities=False,
             qoe=QOE_ON,
         ),
+        # steersman with the rule: every request goes to an engine at once (admission none),
+        # where the rule sees it; dispatch and vLLM's base order still use the predictions.
         "steersman-qoe": Variant(
-            DispatchSettings(policy=dispatch), "priority", "learned", qoe=QOE_ON
+            DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_ON
+        ),
+        "steersman-qoe-lengths": Variant(
+            DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_LENGTHS
         ),
         # The same, allowed to pause (preempt) a stream once for others, as Andes does.
         "andes-pausing": Variant(
@@ -111,7 +117,7 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
             qoe=QOE_PAUSING,
         ),
         "steersman-qoe-pausing": Variant(
-            DispatchSettings(policy=dispatch), "priority", "learned", qoe=QOE_PAUSING
+            DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_PAUSING
         ),
     }
 

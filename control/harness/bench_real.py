@@ -44,8 +44,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # With steersman's vLLM scheduler class reading the predictions: what the class adds.
     "steersman-class": {},
     "oracle": {"dispatch": {"policy": "oracle"}, "controller": {"enabled": False}},
-    # The class also applies the streamed-QoE rule (core.qoe_rule) to the readers' expectations.
-    "steersman-qoe": {"qoe": {"enabled": True}},
+    # The class also applies the streamed-QoE rule (core.qoe_rule) to the readers' expectations;
+    # every request goes to a server at once, where the rule sees it (as the simulated suite's).
+    "steersman-qoe": {"qoe": {"enabled": True}, "dispatch": {"admission": "none"}},
 }
 BASELINES: dict[str, dict[str, Any]] = {
     "round-robin": {"dispatch": {"policy": "round-robin", "admission": "none"}, "stock": True},

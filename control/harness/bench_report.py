@@ -57,8 +57,9 @@ def qoe_section(qoe: dict[str, Any]) -> list[str]:
         f"{o['base']:g}x least-load's QoE capacity for {o['lead_s']:g} s, {o['overload']:g}x for "
         f"{o['overload_s']:g} s, then {o['base']:g}x again; every request counted. `andes`: the "
         "QoE rule in every engine, no length predictions, behind least-load; `steersman-qoe`: "
-        "steersman's default with the rule fed its predictions; `-pausing`: the rule may also "
-        "pause (preempt) a stream once. Ratios are to least-load's.",
+        "steersman's dispatch and vLLM order with the rule, every request sent to an engine at "
+        "once; `-lengths`: the rule weighs stalls by predicted lengths; `-pausing`: the rule "
+        "may also pause (preempt) a stream once. Ratios are to least-load's.",
     ]
     for p in qoe["profiles"]:
         cap, over = p["qoe_capacity_rps"], p["overload"]

@@ -2,8 +2,9 @@
 policy's QoE capacity (the highest steady rate at which 95% of streams reach QoE 0.9, Andes'
 criterion) and an overload (``overload`` x least-load's QoE capacity for ``overload_s``, then
 back to ``base`` x), on identical requests and arrivals. The QoE rule (``core.qoe_rule``) runs in
-``andes`` (no length predictions, behind least-load) and ``steersman-qoe`` (steersman's default
-with the rule fed its predictions); the ``-pausing`` ones may also pause a stream once."""
+``andes`` (no length predictions, behind least-load) and ``steersman-qoe`` (steersman's
+dispatch and vLLM order, every request sent to an engine at once, where the rule sees it);
+``-lengths`` weighs stalls by predicted lengths; ``-pausing`` may also pause a stream once."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ POLICIES = (
     "steersman",
     "andes",
     "steersman-qoe",
+    "steersman-qoe-lengths",
     "andes-pausing",
     "steersman-qoe-pausing",
 )

@@ -10,7 +10,14 @@ import pytest
 from steersman.control.core.qoe_rule import Stream, decide, gain, reader_lag_area, under_pressure
 from steersman.control.core.settings import QoeSettings
 
-RULE = QoeSettings(enabled=True, horizon_s=2.0, protect_s=1.0, min_left_tokens=8, max_pauses=1)
+RULE = QoeSettings(
+    enabled=True,
+    horizon_s=2.0,
+    protect_s=1.0,
+    min_left_tokens=8,
+    max_pauses=1,
+    predicted_lengths=True,
+)
 STEP, CHUNK = 0.03, 2048
 
 
@@ -57,6 +64,13 @@ def test_serving_removes_the_lag_it_can():
 )
 def test_gain_orders_who_stalls_first(a, b):
     assert gain(b, STEP, CHUNK, RULE) > gain(a, STEP, CHUNK, RULE) >= 0
+
+
+def test_without_predicted_lengths_every_stream_has_the_unknown_length():
+    rule = RULE.model_copy(update={"predicted_lengths": False})
+    short, long = waiting("short", left=20), waiting("long", left=2000)
+    assert gain(short, STEP, CHUNK, rule) == gain(long, STEP, CHUNK, rule) > 0
+    assert gain(short, STEP, CHUNK, RULE) > gain(long, STEP, CHUNK, RULE)
 
 
 def test_gain_without_a_prediction_uses_the_unknown_length():

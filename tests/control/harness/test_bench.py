@@ -83,7 +83,13 @@ def test_qoe_figures_count_who_fell_behind():
     assert out["qoe_p10"] < out["qoe_mean"] < 1.0
 
 
-QOE_POLICIES = ("andes", "steersman-qoe", "andes-pausing", "steersman-qoe-pausing")
+QOE_POLICIES = (
+    "andes",
+    "steersman-qoe",
+    "steersman-qoe-lengths",
+    "andes-pausing",
+    "steersman-qoe-pausing",
+)
 
 
 @pytest.mark.parametrize("policy", QOE_POLICIES)
