@@ -13,10 +13,11 @@ be readmitted. Requests without a prediction keep the priority they were sent wi
 Requests that carry their reader's expectation (``steersman_expected_ttft_s`` and
 ``steersman_expected_pace_s``: steersman sends them with streamed QoE on) are also served for
 their streams' quality of experience: while they wait and the KV cache is nearly full or every
-seat taken, the rule of ``steersman.control.core.qoe_rule`` (the simulator's too) pauses the
-running streams furthest ahead of their readers, by vLLM's own preemption, and admits the
-waiting ones that gain most per KV block first; a paused stream waits behind the queue until the
-rule readmits it or the pressure ends. Requests without an expectation keep vLLM's order.
+seat taken, the rule of ``steersman.control.core.qoe_rule`` (the simulator's too) admits the
+waiting ones that gain most per KV block first and, with ``max_pauses``, pauses running streams
+far ahead of their readers by vLLM's own preemption; a paused stream waits behind the queue
+until the rule readmits it or the pressure ends. Requests without an expectation keep vLLM's
+order.
 
 vLLM runs the asynchronous scheduler by default (the CPU platform turns it off): this class
 extends whichever one the engine would have chosen, so asynchronous scheduling is kept.

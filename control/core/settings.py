@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from steersman.learners.features import CLASSES
 
 PolicyName = Literal[
     "predictive", "least-load", "prefix-affinity", "round-robin", "random", "oracle"
@@ -218,6 +220,14 @@ class QoeSettings(_Section):
         "on the profiles benchmarked the recompute cost more QoE than the pauses won "
         "(docs/benchmarks.md): raise it where preemption is cheap.",
     )
+
+    @field_validator("classes")
+    @classmethod
+    def _known_classes(cls, value: dict[str, StreamExpectation]) -> dict[str, StreamExpectation]:
+        unknown = sorted(set(value) - set(CLASSES))
+        if unknown:
+            raise ValueError(f"unknown request class {unknown[0]!r}: one of {', '.join(CLASSES)}")
+        return value
 
     def expectation(self, request_class: str | None = None) -> tuple[float, float]:
         """(expected TTFT, expected pace) for a request class."""

@@ -166,7 +166,14 @@ def ratios(runs: list[dict[str, Any]]) -> str:
     if base is None:
         return ""
     parts = []
-    for name in ("steersman", "steersman-class", "oracle", "constant", "vllm-priority"):
+    for name in (
+        "steersman",
+        "steersman-class",
+        "oracle",
+        "constant",
+        "vllm-priority",
+        "steersman-qoe",
+    ):
         if name not in by:
             continue
         got = [f"{m} {_ratio(by[name].get(m), base.get(m))}" for m in RATIOS]

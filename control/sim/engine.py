@@ -108,8 +108,9 @@ class SimEngine:
     aging, the victim the running request that order puts last: the longest predicted remaining
     length among the youngest). With a ``gpu``, every step takes ``gpu.slowdown`` times the
     profile's time (a throttled clock, a noisy neighbour). With ``qoe`` on, under KV pressure
-    the streams that gain most QoE per KV block are admitted first, pausing the ones far ahead
-    of their readers (``core.qoe_rule``, the rule steersman's vLLM scheduler class applies)."""
+    the streams that gain most QoE per KV block are admitted first (and with ``max_pauses``,
+    streams far ahead of their readers are paused for them): ``core.qoe_rule``, the rule
+    steersman's vLLM scheduler class applies."""
 
     def __init__(
         self,

@@ -52,6 +52,9 @@ def test_a_bad_env_value_names_the_variable_field_and_value(monkeypatch):
         ('log_level = "LOUD"\n', "log_level = 'LOUD'"),
         ("[storage]\nbatchsize = 5\n", "storage.batchsize = 5"),
         ("unknown_section = 1\n", "unknown_section = 1"),
+        ("[qoe]\nexpected_pace_s = 0\n", "qoe.expected_pace_s = 0"),
+        ("[qoe.classes.code]\nttft_s = -1\npace_s = 0.1\n", "qoe.classes.code.ttft_s = -1"),
+        ("[qoe.classes.chatty]\nttft_s = 1\npace_s = 0.1\n", "qoe.classes = '{...}'"),
     ],
 )
 def test_a_bad_file_value_names_the_field_value_and_file(tmp_path, text, expected):
@@ -160,3 +163,9 @@ def test_unnamed_instances_of_one_profile_are_numbered(tmp_path):
 def test_two_instances_that_would_be_one_are_a_config_error(tmp_path, tables, expected):
     with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
         load_settings(_toml(tmp_path, tables), environ={})
+
+
+def test_an_unknown_request_class_in_qoe_is_named(tmp_path):
+    cfg = _toml(tmp_path, "[qoe.classes.chatty]\nttft_s = 1\npace_s = 0.1\n")
+    with pytest.raises(ConfigError, match="unknown request class 'chatty': one of chat, code"):
+        load_settings(cfg, environ={})
