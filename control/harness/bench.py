@@ -92,7 +92,7 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
             DispatchSettings(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
         ),
         # Andes as published: the QoE rule in every engine, no length predictions, behind
-        # least-load; and steersman with the rule.
+        # least-load.
         "andes": Variant(
             DispatchSettings(policy="least-load", **lb),
             "fcfs",
