@@ -144,9 +144,10 @@ def _predicted(xargs: dict[str, Any] | None) -> float | None:
     return float(value) if ok else None
 
 
-def _expectation(xargs: dict[str, Any] | None) -> tuple[float, float]:
-    """Its reader's (TTFT, pace), as steersman's vLLM scheduler class reads them."""
-    return expectation(xargs or {}) or (1.0, 0.2)
+def _expectation(xargs: dict[str, Any] | None) -> tuple[float, float] | None:
+    """Its reader's (TTFT, pace), as steersman's vLLM scheduler class reads them (None: the
+    QoE rule leaves the request alone, as the class does)."""
+    return expectation(xargs or {})
 
 
 def _chunk(

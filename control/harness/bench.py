@@ -459,7 +459,7 @@ def _qoe(r: SimRequest) -> float | None:
         points += [(t0 + (paused - t0) * i / k - r.arrival, n0 + round((had - n0) * i / k))
                    for i in range(k + 1)]  # fmt: skip
         t0, n0 = resumed, had + 1
-    ttft, pace = r.expectation
+    ttft, pace = r.expectation or (1.0, 0.2)
     return qoe(points, r.generated, expected_ttft=ttft, expected_pace=pace)
 
 

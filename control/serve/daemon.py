@@ -234,7 +234,7 @@ class Daemon:
         ]
         log.info("steersman serving %d instance(s)", len(self.service.instances))
         if self.settings.qoe.enabled and not any(
-            (i.priority and i.predictions) or i.sim for i in self.settings.instances
+            i.priority and i.predictions for i in self.settings.instances
         ):
             log.warning(
                 "qoe.enabled: no instance runs steersman's vLLM scheduler class (instances[]."

@@ -41,6 +41,16 @@ def text_of(kind: str, body: dict[str, Any]) -> tuple[str, int]:
     return prompt_text(prompt=body.get("prompt"))
 
 
+def streamed(body: dict[str, Any]) -> bool:
+    """Whether the client reads the answer as it streams (the QoE rule serves only those; a
+    non-streamed answer keeps latency as its objective).
+
+    >>> streamed({"stream": True}), streamed({}), streamed({"stream": "yes"})
+    (True, False, False)
+    """
+    return body.get("stream") is True
+
+
 def max_tokens_of(body: dict[str, Any]) -> int | None:
     """The client's ``max_tokens`` (or ``max_completion_tokens``) when it is a positive int.
 

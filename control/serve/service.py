@@ -27,7 +27,14 @@ from steersman.control.core.records import EventRecord, RequestRecord
 from steersman.control.core.scheduler import Assignment, Outcome, Report, Scheduler
 from steersman.control.core.settings import QoeSettings
 from steersman.control.serve.instances import Instance
-from steersman.control.serve.intake import Job, make_job, max_tokens_of, sha256, text_of
+from steersman.control.serve.intake import (
+    Job,
+    make_job,
+    max_tokens_of,
+    sha256,
+    streamed,
+    text_of,
+)
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor, request_context
 
@@ -121,7 +128,7 @@ class Steersman:
             max_tokens_is_length=self.max_tokens_is_length,
             model_version=self.predictor.model_version,
             expectation=expectation or self.qoe.expectation(p.request_class),
-            queue_by_ttft=self.qoe.enabled,
+            queue_by_ttft=self.qoe.enabled and streamed(body),
         )
 
     def reject(self, job: Job, reason: str) -> None:
@@ -268,7 +275,7 @@ class Steersman:
         if instance.send_predictions and a.ordered:
             extra["steersman_predicted_tokens"] = round(a.scheduled)
             extra["steersman_aging_s"] = self.scheduler.dispatch.aging_s
-        if instance.send_predictions and self.qoe.enabled:
+        if instance.send_predictions and self.qoe.enabled and streamed(job.body):
             rec = job.record
             extra[EXPECTED_TTFT] = rec.expected_ttft_s
             extra[EXPECTED_PACE] = rec.expected_pace_s

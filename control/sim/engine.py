@@ -45,7 +45,8 @@ class SimRequest:
     shared: tuple[int, ...] = ()  # cached blocks it holds (not counted in ``blocks``)
     cached_tokens: int | None = None  # prompt tokens found in the prefix cache when it started
     on_token: Callable[[SimRequest, float], None] | None = None
-    expectation: tuple[float, float] = (1.0, 0.2)  # its reader's (TTFT, pace), core.qoe
+    # Its reader's (TTFT, pace), core.qoe; None: not streamed, the QoE rule leaves it alone.
+    expectation: tuple[float, float] | None = (1.0, 0.2)
     ran_at: float | None = None  # last (re)started running
     paused_at: float | None = None  # preempted after delivering tokens, not yet resumed
     stalls: list[tuple[float, float, int]] = field(default_factory=list)  # (paused, resumed, had)
@@ -329,8 +330,8 @@ class SimEngine:
         self._rule_at = now + qoe.interval_s
         context = sum(r.computed for r in self.running)
         step = m.step_time(0, max(len(self.running), 1), context) * self._slowdown(now)
-        streams = [self._stream(r, True, now) for r in self.running]
-        streams += [self._stream(r, False, now) for _, r in self._waiting]
+        streams = [self._stream(r, True, now) for r in self.running if r.expectation]
+        streams += [self._stream(r, False, now) for _, r in self._waiting if r.expectation]
         # One block per running request stays free for its next tokens (as Andes leaves).
         free = self.free_blocks - len(self.running)
         decision = decide(streams, free, m.max_num_seqs, step, m.max_num_batched_tokens, qoe)
@@ -352,7 +353,7 @@ class SimEngine:
             r.generated,
             _remaining(r) if r.predicted is not None else None,
             context if running else context - r.computed,
-            *r.expectation,
+            *(r.expectation or (1.0, 0.2)),
             since_start_s=now - r.ran_at if running and r.ran_at is not None else None,
             pauses=r.preemptions,
         )

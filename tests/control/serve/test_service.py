@@ -287,20 +287,30 @@ def test_what_an_instance_is_sent_follows_its_settings(priority, predictions, xa
     assert set(sent.xargs or {}) == xargs
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_with_streamed_qoe_on_the_engine_hears_each_reader_and_the_rule(enabled):
+@pytest.mark.parametrize(
+    ("enabled", "stream"),
+    [(True, True), (False, True), (True, False)],
+    ids=["on, streamed", "off", "on, not streamed: latency stays its objective"],
+)
+def test_with_streamed_qoe_on_the_engine_hears_each_reader_and_the_rule(enabled, stream):
     backend = Seen("a")  # runs steersman's scheduler class
     instance = Instance("a", backend, LatencyModel(PRIOR), send_predictions=True)
     settings = QoeSettings(enabled=enabled, classes={"code": {"ttft_s": 2.0, "pace_s": 0.05}})
 
     async def main():
         svc, _ = service([instance], engine_order="always", qoe=settings)
-        await complete(svc, "r1", 3, prompt="Write a Python function to sort a list.")
+        prompt = "Write a Python function to sort a list."
+        body = {"model": "m", "prompt": prompt, "max_tokens": 3, "stream": stream}
+        job = await svc.prepare("r1", "completion", body)
+        [chunk async for chunk in svc.run(job)]
+        return job
 
-    asyncio.run(main())
+    job = asyncio.run(main())
     (sent,) = backend.sent
     got = expectation(sent.xargs or {})
-    if not enabled:
+    assert (job.record.expected_ttft_s, job.record.expected_pace_s) == (2.0, 0.05)  # recorded
+    assert job.arrival.expected_ttft_s == (2.0 if enabled and stream else None)
+    if not (enabled and stream):
         assert got is None and not knobs_of(sent.xargs or {})
         return
     assert got == (2.0, 0.05)  # its class's
