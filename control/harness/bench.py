@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from steersman.control.core.qoe import qoe
@@ -68,7 +68,7 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
     predictor that knows nothing (what the predictions themselves earn); and, for workloads that
     share prefixes, a router by prefix affinity in front of stock vLLM."""
     lb = {"admission": "none"}
-    return {
+    out = {
         "round-robin": Variant(
             DispatchSettings(policy="round-robin", **lb), "fcfs", "none", priorities=False
         ),
@@ -91,35 +91,23 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
         "prefix-affinity": Variant(
             DispatchSettings(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
         ),
-        # Andes as published: the QoE rule in every engine, no length predictions, behind
-        # least-load.
-        "andes": Variant(
-            DispatchSettings(policy="least-load", **lb),
-            "fcfs",
-            "none",
-            priorities=False,
-            qoe=QOE_ON,
-        ),
-        # steersman with the rule: every request goes to an engine at once (admission none),
-        # where the rule sees it; dispatch and vLLM's base order still use the predictions.
-        "steersman-qoe": Variant(
-            DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_ON
-        ),
-        "steersman-qoe-lengths": Variant(
-            DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_LENGTHS
-        ),
-        # The same, allowed to pause (preempt) a stream once for others, as Andes does.
-        "andes-pausing": Variant(
-            DispatchSettings(policy="least-load", **lb),
-            "fcfs",
-            "none",
-            priorities=False,
-            qoe=QOE_PAUSING,
-        ),
-        "steersman-qoe-pausing": Variant(
-            DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_PAUSING
-        ),
     }
+    # Andes as published: least-load with the QoE rule in every engine, no length predictions;
+    # steersman with the rule, every request sent to an engine at once (admission none) where
+    # the rule sees it, dispatch and vLLM's base order still by the predictions. -lengths: the
+    # rule weighs stalls by predicted length; -pausing: it may pause a stream once, as Andes does.
+    andes = replace(out["least-load"], qoe=QOE_ON)
+    qoe = Variant(DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_ON)
+    out.update(
+        {
+            "andes": andes,
+            "steersman-qoe": qoe,
+            "steersman-qoe-lengths": replace(qoe, qoe=QOE_LENGTHS),
+            "andes-pausing": replace(andes, qoe=QOE_PAUSING),
+            "steersman-qoe-pausing": replace(qoe, qoe=QOE_PAUSING),
+        }
+    )
+    return out
 
 
 # The policies compared by default; with prefixes in the workload, prefix-affinity joins them.
