@@ -181,8 +181,12 @@ def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
             "(or set STEERSMAN_VLLM_PYTHON)"
         )
     logs = tmp_path_factory.mktemp("vllm")
+    # A tool-call parser lets forced tool choices through (the conformance test); pythonic needs
+    # no special tokens in the tiny model's vocabulary.
+    parser = ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic")
     servers = [
-        VllmServer(VLLM_PYTHON, tiny_model, free_port(), core=core, log_dir=logs) for core in (0, 1)
+        VllmServer(VLLM_PYTHON, tiny_model, free_port(), core=core, log_dir=logs, extra_args=parser)
+        for core in (0, 1)
     ]
     try:
         for server in servers:

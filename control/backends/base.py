@@ -12,7 +12,8 @@ class GenerationRequest:
     """One OpenAI-style request as a backend receives it.
 
     ``body`` is the OpenAI request body (``prompt`` or ``messages``, ``max_tokens``, ...);
-    ``priority`` and ``xargs`` become vLLM's ``priority`` and ``vllm_xargs``.
+    ``priority`` and ``xargs`` become vLLM's ``priority`` and ``vllm_xargs``. ``stream``:
+    asked for as a stream (only an answer that a stream cannot carry is not).
     """
 
     request_id: str
@@ -20,6 +21,7 @@ class GenerationRequest:
     body: dict[str, Any]
     priority: int | None = None
     xargs: dict[str, Any] | None = None
+    stream: bool = True
 
 
 @dataclass
@@ -62,7 +64,7 @@ class GenerationResult:
             index = choice.get("index", 0)
             delta = choice.get("text")
             if delta is None:
-                delta = (choice.get("delta") or {}).get("content")
+                delta = (choice.get("delta") or choice.get("message") or {}).get("content")
             if delta:
                 self.texts[index] = self.texts.get(index, "") + delta
                 produced = True

@@ -57,16 +57,20 @@ class VllmHttpBackend:
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
         body = dict(request.body)
-        body["stream"] = True
-        options = dict(body.get("stream_options") or {})
-        options["include_usage"] = True
+        body["stream"] = request.stream
         if self.vllm:
-            options["continuous_usage_stats"] = True
             if request.priority is not None:
                 body["priority"] = request.priority
             if request.xargs:
                 body["vllm_xargs"] = request.xargs
-        body["stream_options"] = options
+        if request.stream:
+            options = dict(body.get("stream_options") or {})
+            options["include_usage"] = True
+            if self.vllm:
+                options["continuous_usage_stats"] = True
+            body["stream_options"] = options
+        else:
+            body.pop("stream_options", None)
         return body
 
     async def stream(
@@ -79,6 +83,11 @@ class VllmHttpBackend:
                 if response.status_code >= 400:
                     raw = await response.aread()
                     _raise_for_status(self.name, response.status_code, raw, result)
+                if not request.stream:
+                    data = await self._whole(response, result)
+                    done = True
+                    yield StreamEvent(result.finished_at or self._clock(), data)
+                    return
                 async for line in _sse_lines(response):
                     # Read to the end after [DONE] (vLLM ends the body there): a response read
                     # to its end leaves its connection in the pool for the next request.
@@ -115,6 +124,20 @@ class VllmHttpBackend:
             raise self._broken(result, self._clock(), message) from None
         if not done:
             raise self._broken(result, self._clock(), "stream ended without [DONE]")
+
+    async def _whole(self, response: httpx.Response, result: GenerationResult) -> dict[str, Any]:
+        """A non-streamed answer: its first token reaches the client with the whole body."""
+        raw = await response.aread()
+        now = self._clock()
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            raise self._broken(result, now, f"unreadable body {raw[:80]!r}") from None
+        if not isinstance(data, dict):
+            raise self._broken(result, now, "body is not an object")
+        result.account(data, now)
+        result.finished_at = now
+        return data
 
     def _broken(self, result: GenerationResult, now: float, why: str) -> StreamBroken:
         result.error = f"{self.name}: {why}"

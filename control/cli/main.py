@@ -24,7 +24,7 @@ from steersman.control.cli.example_config import example_toml
 from steersman.control.cli.logs import configure_logging
 from steersman.control.cli.model_cmd import model_app
 from steersman.control.cli.replay_cmd import replay_command
-from steersman.control.cli.serve_cmd import serve_command
+from steersman.control.cli.serve_cmd import epp_command, serve_command
 from steersman.control.cli.telemetry_cmd import telemetry
 from steersman.control.cli.train_cmd import train_command
 from steersman.control.serve.settings import ConfigError, Settings, load_settings, masked
@@ -56,6 +56,7 @@ app.command("calibrate")(calibrate_command)
 app.command("train")(train_command)
 app.command("eval-predictor")(eval_command)
 app.command("serve")(serve_command)
+app.command("epp")(epp_command)
 app.command("demo")(demo_command)
 app.command("bench")(bench_command)
 app.command("dashboard")(dashboard_command)
@@ -76,6 +77,10 @@ class Context:
         overrides: dict[str, Any] = {}
         if flags.get("db"):
             overrides["storage"] = {"url": flags["db"]}
+        if flags.get("epp"):
+            overrides["epp"] = {"enabled": True}
+            if flags.get("epp_port") is not None:
+                overrides["epp"]["port"] = flags["epp_port"]
         try:
             return load_settings(self.config_file, overrides)
         except ConfigError as exc:

@@ -17,7 +17,25 @@ def serve_command(
     db: Annotated[str | None, typer.Option("--db", help="Database URL (storage.url).")] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway with prediction, dispatch, the controller and jobs."""
-    settings: Settings = ctx.obj.settings(db=db)
+    _serve(ctx.obj.settings(db=db), host, port)
+
+
+def epp_command(
+    ctx: typer.Context,
+    epp_port: Annotated[
+        int | None, typer.Option("--epp-port", help="gRPC port (epp.port).", min=0)
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="HTTP address (gateway.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port (gateway.port).", min=0)] = None,
+    db: Annotated[str | None, typer.Option("--db", help="Database URL (storage.url).")] = None,
+) -> None:
+    """Serve as the endpoint picker behind Envoy (Envoy's ext_proc gRPC API, GIE's Endpoint
+    Picker Protocol): the same prediction, queue, admission, dispatch and history as serve;
+    Envoy carries the bytes. The HTTP gateway (metrics, health, admin) runs beside it."""
+    _serve(ctx.obj.settings(db=db, epp=True, epp_port=epp_port), host, port)
+
+
+def _serve(settings: Settings, host: str | None, port: int | None) -> None:
     if not settings.instances:
         typer.echo(
             "config error: instances: none configured; add [[instances]] tables with "

@@ -23,10 +23,12 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from steersman.control.backends.routed import Leg, Routed
 from steersman.control.backends.vllm_server import check_port
 from steersman.control.core.records import EventRecord
 from steersman.control.core.scheduler import Scheduler
 from steersman.control.serve import checkpoint as ckpt
+from steersman.control.serve import epp
 from steersman.control.serve.gateway import create_app, discover_models
 from steersman.control.serve.instances import make_instance
 from steersman.control.serve.jobs import Jobs
@@ -94,8 +96,16 @@ class Daemon:
         )
         sampler = self.sampler
         gpu_features = (lambda i, since: sampler.features(i, since=since)) if sampler else None
+        instances = [
+            make_instance(spec, s.gateway, count, gpu_features, s.qoe) for spec in s.instances
+        ]
+        self.legs: dict[str, Leg] = {}  # requests whose bytes Envoy carries (epp)
+        if s.epp.enabled:
+            for instance in instances:
+                instance.backend = Routed(instance.backend, self.legs)
+        self.epp_port: int | None = None
         self.service = Steersman(
-            [make_instance(spec, s.gateway, count, gpu_features, s.qoe) for spec in s.instances],
+            instances,
             predictor,
             scheduler,
             record=self.writer.submit,
@@ -226,6 +236,9 @@ class Daemon:
         if self.sampler is not None:
             self.sampler.start()
         await discover_models(app, self.service)
+        picker = None
+        if self.settings.epp.enabled:
+            picker, self.epp_port = await epp.start(self.service, self.legs, self.settings.epp)
         self.jobs.start()
         tasks = [
             asyncio.create_task(self._every(self.settings.gateway.health_interval_s, self._health)),
@@ -248,6 +261,8 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if picker is not None:
+                await picker.stop(self.settings.gateway.drain_timeout_s)
             self.jobs.shutdown()
             self.save_checkpoint()
             for instance in self.service.instances.values():

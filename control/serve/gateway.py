@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -22,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from steersman.control.backends.base import BackendError, UpstreamRejected
 from steersman.control.core.scheduler import QueueFull
 from steersman.control.serve.admin import admin_state
+from steersman.control.serve.answer import Assembly, StreamShape
 from steersman.control.serve.intake import EXPECTATION_HEADERS, BadHeader, expectation_of
 from steersman.control.serve.schemas import (
     GENERATION,
@@ -270,7 +270,7 @@ async def _serve(
         return StreamingResponse(
             _sse(service, request_id, first, chunks, options), media_type="text/event-stream"
         )
-    return await _collect(service, request_id, kind, data, first, chunks)
+    return await _collect(service, request_id, kind, first, chunks)
 
 
 def _expectation(headers: Mapping[str, str], service: Steersman) -> tuple[float, float] | None:
@@ -299,16 +299,6 @@ def _api_error(exc: Exception) -> ApiError:
     return ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
 
 
-def _shape(request_id: str, chunk: dict[str, Any], options: dict[str, Any]) -> dict | None:
-    """An upstream chunk as the client asked for it: our id; usage only when requested."""
-    chunk = {**chunk, "id": request_id}
-    if not chunk.get("choices"):
-        return chunk if options.get("include_usage") else None
-    if not options.get("continuous_usage_stats"):
-        chunk.pop("usage", None)
-    return chunk
-
-
 async def _sse(
     service: Steersman,
     request_id: str,
@@ -316,9 +306,7 @@ async def _sse(
     chunks: AsyncIterator[Any],
     options: dict[str, Any],
 ) -> AsyncIterator[bytes]:
-    last_usage = None
-    last_object = "text_completion"
-    final_usage_sent = False
+    shape = StreamShape(request_id, options)
     complete = False
     try:
         pending = [first] if first is not None else []
@@ -330,19 +318,10 @@ async def _sse(
                 break
             if chunk is None:
                 break
-            last_usage = chunk.get("usage") or last_usage
-            last_object = chunk.get("object", last_object)
-            final_usage_sent = final_usage_sent or not chunk.get("choices")
-            shaped = _shape(request_id, chunk, options)
-            if shaped is not None:
+            for shaped in shape.feed(chunk):
                 yield f"data: {json.dumps(shaped)}\n\n".encode()
-        if options.get("include_usage") and not final_usage_sent and last_usage:
-            tail = {
-                "id": request_id,
-                "object": last_object,
-                "created": int(time.time()),
-            }
-            yield f"data: {json.dumps({**tail, 'choices': [], 'usage': last_usage})}\n\n".encode()
+        for shaped in shape.end():
+            yield f"data: {json.dumps(shaped)}\n\n".encode()
     except Exception as exc:
         error = _api_error(exc)
         body = error_body(error.message, error.kind)
@@ -357,57 +336,18 @@ async def _collect(
     service: Steersman,
     request_id: str,
     kind: str,
-    data: dict[str, Any],
     first: Any,
     chunks: AsyncIterator[Any],
 ) -> JSONResponse:
-    texts: dict[int, str] = {}
-    finish: dict[int, str | None] = {}
-    usage: dict[str, Any] | None = None
-    model = data.get("model")
-    created = int(time.time())
+    answer = Assembly(kind)
     try:
         chunk = first
         while chunk is not None:
             if chunk is COMPLETE:
                 service.close_later(chunks)
                 break
-            usage = chunk.get("usage") or usage
-            model = chunk.get("model", model)
-            created = chunk.get("created", created)
-            for choice in chunk.get("choices") or ():
-                index = choice.get("index", 0)
-                delta = choice.get("text")
-                if delta is None:
-                    delta = (choice.get("delta") or {}).get("content")
-                texts[index] = texts.get(index, "") + (delta or "")
-                finish[index] = choice.get("finish_reason") or finish.get(index)
+            answer.add(chunk)
             chunk = await anext(chunks, None)
     except Exception as exc:
         return _error_response(_api_error(exc))
-    if kind == "chat":
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": texts[i]},
-                "logprobs": None,
-                "finish_reason": finish.get(i),
-            }
-            for i in sorted(texts)
-        ]
-        obj = "chat.completion"
-    else:
-        choices = [
-            {"index": i, "text": texts[i], "logprobs": None, "finish_reason": finish.get(i)}
-            for i in sorted(texts)
-        ]
-        obj = "text_completion"
-    body = {
-        "id": request_id,
-        "object": obj,
-        "created": created,
-        "model": model,
-        "choices": choices,
-        "usage": usage,
-    }
-    return JSONResponse(body)
+    return JSONResponse(answer.body(request_id))

@@ -110,6 +110,17 @@ class GatewaySettings(_Section):
     )
 
 
+class EppSettings(_Section):
+    """steersman as the endpoint picker behind Envoy (``steersman epp``): Envoy's ext_proc
+    filter asks it where each request goes, and Envoy carries the bytes."""
+
+    enabled: bool = Field(
+        default=False, description="Serve Envoy's ext_proc gRPC API (steersman epp sets it)."
+    )
+    host: str = Field(default="127.0.0.1", description="Address the gRPC server binds.")
+    port: int = Field(default=9002, ge=0, le=65535, description="gRPC port (0: any free one).")
+
+
 class PredictorSettings(_Section):
     model_dir: AbsolutePath | None = Field(
         default=None,

@@ -26,6 +26,7 @@ from steersman.control.core.qoe_rule import EXPECTED_PACE, EXPECTED_TTFT, knobs_
 from steersman.control.core.records import EventRecord, RequestRecord
 from steersman.control.core.scheduler import Assignment, Outcome, Report, Scheduler
 from steersman.control.core.settings import QoeSettings
+from steersman.control.serve.answer import streamable
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.intake import (
     Job,
@@ -286,6 +287,7 @@ class Steersman:
             job.body,
             priority=a.priority if instance.send_priority else None,
             xargs=extra or None,
+            stream=streamed(job.body) or streamable(job.body),
         )
 
     # -- outcome ---------------------------------------------------------------------------------

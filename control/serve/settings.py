@@ -7,11 +7,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from steersman.control.core.settings import ControllerSettings, DispatchSettings, QoeSettings
 from steersman.control.serve.sections import (
+    EppSettings,
     GatewaySettings,
     InstanceSettings,
     JobsSettings,
@@ -68,6 +69,9 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = Field(
         default_factory=GatewaySettings, description="The OpenAI-compatible HTTP gateway."
     )
+    epp: EppSettings = Field(
+        default_factory=EppSettings, description="The endpoint picker behind Envoy."
+    )
     predictor: PredictorSettings = Field(
         default_factory=PredictorSettings, description="Length prediction: RoBERTa and River."
     )
@@ -123,6 +127,17 @@ class Settings(BaseSettings):
             seen.setdefault(label, k)
             named.append(spec if spec.name else spec.model_copy(update={"name": label}))
         return named
+
+    @model_validator(mode="after")
+    def _picked_servers_have_urls(self) -> Settings:
+        if self.epp.enabled:
+            for k, spec in enumerate(self.instances):
+                if spec.url is None:
+                    raise ValueError(
+                        f"instances[{k}].sim = {spec.sim!r}: the endpoint picker (epp) picks "
+                        "servers that Envoy reaches, instances with a url"
+                    )
+        return self
 
     @field_validator("data_dir")
     @classmethod
@@ -225,6 +240,9 @@ def _describe(exc: ValidationError, config_file: Path | None, env: dict[str, str
         else:
             where = ""
         value = err.get("input")
+        if not loc:  # a rule across sections names its fields itself
+            lines.append(f"config error{where}: {err['msg'].removeprefix('Value error, ')}")
+            continue
         hidden = err["type"] == "missing" or isinstance(value, list)
         shown = "" if hidden else f" = {_shorten(value)!r}"
         lines.append(f"config error: {field}{shown}{where}: {err['msg']}")

@@ -169,3 +169,12 @@ def test_an_unknown_request_class_in_qoe_is_named(tmp_path):
     cfg = _toml(tmp_path, "[qoe.classes.chatty]\nttft_s = 1\npace_s = 0.1\n")
     with pytest.raises(ConfigError, match="unknown request class 'chatty': one of chat, code"):
         load_settings(cfg, environ={})
+
+
+def test_the_endpoint_picker_refuses_a_simulated_instance_naming_it(tmp_path):
+    cfg = _toml(tmp_path, '[epp]\nenabled = true\n[[instances]]\nsim = "cpu-tiny"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_settings(cfg, environ={})
+    message = str(refused.value)
+    assert message.startswith("config error")
+    assert "instances[0].sim = 'cpu-tiny'" in message and "url" in message

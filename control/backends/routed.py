@@ -1,0 +1,96 @@
+"""An instance that a gateway in front (Envoy) carries the bytes to, steersman only picking it.
+
+The loop is the same as for an instance steersman streams from itself: the core dispatches the
+request to the instance, the service "streams" it, learns from its outcome and records it. Here
+``stream`` hands the pick to whoever waits for it (the endpoint picker answers Envoy with it) and
+then yields the answer's chunks as the picker reads them off Envoy's response path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from steersman.control.backends.base import (
+    BackendError,
+    GenerationRequest,
+    GenerationResult,
+    StreamEvent,
+)
+from steersman.control.backends.vllm_http import VllmHttpBackend
+
+END = None  # the answer ended as it should
+
+
+@dataclass
+class Leg:
+    """One request's way through the gateway in front: the pick, then the answer's chunks."""
+
+    picked: asyncio.Future[tuple[Routed, GenerationRequest]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    chunks: asyncio.Queue[dict[str, Any] | BackendError | None] = field(
+        default_factory=asyncio.Queue
+    )
+
+    def feed(self, item: dict[str, Any] | BackendError | None) -> None:
+        self.chunks.put_nowait(item)
+
+
+class Routed:
+    """A server reached through the gateway in front; probes and model cards go to it direct."""
+
+    def __init__(
+        self,
+        direct: VllmHttpBackend,
+        legs: dict[str, Leg],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = direct.name
+        self.direct = direct
+        self.vllm = direct.vllm
+        parts = urlsplit(direct.base_url)
+        self.address = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        self.legs = legs
+        self._clock = clock
+
+    async def stream(
+        self, request: GenerationRequest, result: GenerationResult
+    ) -> AsyncIterator[StreamEvent]:
+        leg = self.legs.get(request.request_id)
+        if leg is None:
+            raise BackendError(f"{self.name}: no gateway holds request {request.request_id}")
+        if not leg.picked.done():
+            leg.picked.set_result((self, request))
+        while (item := await leg.chunks.get()) is not END:
+            now = self._clock()
+            if isinstance(item, BackendError):
+                result.error = str(item)
+                result.finished_at = now
+                raise item
+            result.account(item, now)
+            yield StreamEvent(now, item)
+        result.finished_at = self._clock()
+
+    def body(self, request: GenerationRequest) -> dict[str, Any]:
+        """What the server gets: the client's body with steersman's priority and hints."""
+        body = dict(request.body)
+        if self.vllm:
+            if request.priority is not None:
+                body["priority"] = request.priority
+            if request.xargs:
+                body["vllm_xargs"] = request.xargs
+        return body
+
+    async def health(self) -> bool:
+        return await self.direct.health()
+
+    async def models(self) -> list[dict[str, Any]]:
+        return await self.direct.models()
+
+    async def aclose(self) -> None:
+        await self.direct.aclose()

@@ -1,0 +1,342 @@
+"""steersman as the endpoint picker (EPP) of the Gateway API Inference Extension, behind Envoy.
+
+Envoy's ext_proc filter sends each request's headers and body here (the body in
+``FULL_DUPLEX_STREAMED`` mode, buffered here to its end; or ``BUFFERED``, the mode in which Envoy
+can fail open). The request goes through the same intake,
+queue, admission and dispatch as the HTTP gateway's; the instance picked goes back to Envoy as
+the ``x-gateway-destination-endpoint`` header and in ``envoy.lb`` dynamic metadata (GIE's
+Endpoint Picker Protocol), and Envoy carries the bytes. The response path (headers, then body
+chunks, observed in ``STREAMED`` mode) feeds the same accounting: first token, tokens, usage,
+the core's ``finish``, the learners and the history.
+
+A request that cannot be served is answered by Envoy with steersman's error in OpenAI's shape:
+429 when the queue is full, 503 when no instance takes it, 400 for a body that is not a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from pydantic import ValidationError
+
+from steersman.control.backends.base import BackendError, StreamBroken, UpstreamRejected
+from steersman.control.backends.routed import END, Leg, Routed
+from steersman.control.core.scheduler import QueueFull
+from steersman.control.serve.intake import EXPECTATION_HEADERS, BadHeader, expectation_of
+from steersman.control.serve.schemas import ChatBody, CompletionBody
+from steersman.control.serve.sections import EppSettings
+from steersman.control.serve.service import QueueTimeout, Steersman
+
+log = logging.getLogger(__name__)
+
+DESTINATION = "x-gateway-destination-endpoint"
+_KINDS = {
+    "/v1/completions": ("completion", CompletionBody),
+    "/v1/chat/completions": ("chat", ChatBody),
+}
+SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class Refused(Exception):
+    """A request Envoy answers itself, with steersman's error."""
+
+    def __init__(self, status: int, message: str, kind: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+
+def _headers(message: pb.HttpHeaders) -> dict[str, str]:
+    return {
+        h.key.lower(): h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+        for h in message.headers.headers
+    }
+
+
+def _refusal(exc: Refused) -> pb.ProcessingResponse:
+    body = {"error": {"message": str(exc), "type": exc.kind, "param": exc.param, "code": None}}
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=exc.status),
+            headers=pb.HeaderMutation(set_headers=[_header("content-type", "application/json")]),
+            body=json.dumps(body).encode(),
+            details="steersman",
+        )
+    )
+
+
+def _header(key: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, raw_value=value.encode()),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
+def _continue(phase: str) -> pb.ProcessingResponse:
+    common = pb.CommonResponse()
+    if phase in ("request_headers", "response_headers"):
+        return pb.ProcessingResponse(**{phase: pb.HeadersResponse(response=common)})
+    if phase in ("request_body", "response_body"):
+        return pb.ProcessingResponse(**{phase: pb.BodyResponse(response=common)})
+    return pb.ProcessingResponse(**{phase: pb.TrailersResponse()})
+
+
+def _routed(endpoint: str, body: bytes | None, duplex: bool) -> list[pb.ProcessingResponse]:
+    """The pick as GIE's protocol has it: the header (the route is chosen again on it), the
+    same value in ``envoy.lb`` metadata, and the body (``None``: the request has none). In full
+    duplex mode the headers' answer carries the pick and the picker sends the body on; in
+    buffered mode (Envoy answered the headers already) the body's answer carries both."""
+    metadata = struct_pb2.Struct()
+    metadata.update({"envoy.lb": {DESTINATION: endpoint}})
+    headers = [_header(DESTINATION, endpoint)]
+    if body is not None:
+        headers.append(_header("content-length", str(len(body))))
+    pick = pb.CommonResponse(
+        header_mutation=pb.HeaderMutation(set_headers=headers), clear_route_cache=True
+    )
+    on_headers = pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(response=pick), dynamic_metadata=metadata
+    )
+    if body is None:
+        return [on_headers]
+    if not duplex:
+        pick.body_mutation.body = body
+        on_body = pb.ProcessingResponse(
+            request_body=pb.BodyResponse(response=pick), dynamic_metadata=metadata
+        )
+        return [on_body]
+    streamed = pb.StreamedBodyResponse(body=body, end_of_stream=True)
+    mutation = pb.CommonResponse(body_mutation=pb.BodyMutation(streamed_response=streamed))
+    return [on_headers, pb.ProcessingResponse(request_body=pb.BodyResponse(response=mutation))]
+
+
+class _Answer:
+    """The response path of one request, read into its leg: server-sent events chunk by chunk,
+    or a JSON body at its end."""
+
+    def __init__(self, leg: Leg) -> None:
+        self.leg = leg
+        self.sse = False
+        self.pending = b""
+        self.ended = False
+
+    def headers(self, headers: dict[str, str], end: bool) -> None:
+        status = int(headers.get(":status", "200") or 200)
+        self.sse = headers.get("content-type", "").startswith("text/event-stream")
+        if 400 <= status < 500:
+            self.end(UpstreamRejected(f"HTTP {status}", status))
+        elif status >= 500:
+            self.end(StreamBroken(f"HTTP {status}"))
+        elif end:
+            self.end(StreamBroken("the answer had no body"))
+
+    def body(self, chunk: bytes, end: bool) -> None:
+        if self.ended:
+            return
+        self.pending += chunk
+        if self.sse:
+            *lines, self.pending = self.pending.split(b"\n")
+            for line in lines:
+                self._line(line.removesuffix(b"\r").decode("utf-8", "replace"))
+        if end:
+            if self.sse:
+                self._line(self.pending.decode("utf-8", "replace"))
+                if not self.ended:
+                    self.end(StreamBroken("stream ended without [DONE]"))
+            else:
+                self._whole(self.pending)
+
+    def _line(self, line: str) -> None:
+        if self.ended or not line.startswith("data:"):
+            return
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.end(END)
+            return
+        try:
+            data = json.loads(payload)
+        except json.JSONDecodeError:
+            self.end(StreamBroken(f"unreadable chunk {payload[:80]!r}"))
+            return
+        if not isinstance(data, dict) or "error" in data:
+            self.end(StreamBroken(f"server error mid-stream: {str(data)[:200]}"))
+            return
+        self.leg.feed(data)
+
+    def _whole(self, raw: bytes) -> None:
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            self.end(StreamBroken(f"unreadable body {raw[:80]!r}"))
+            return
+        if not isinstance(data, dict):
+            self.end(StreamBroken("body is not an object"))
+            return
+        self.leg.feed(data)
+        self.end(END)
+
+    def end(self, item: BackendError | None) -> None:
+        if not self.ended:
+            self.ended = True
+            self.leg.feed(item)
+
+
+class EndpointPicker(pb_grpc.ExternalProcessorServicer):
+    """Envoy's ext_proc service: one ``Process`` stream per HTTP request."""
+
+    def __init__(self, service: Steersman, legs: dict[str, Leg]) -> None:
+        self.service = service
+        self.legs = legs
+
+    async def Process(
+        self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        headers: dict[str, str] = {}
+        body = b""
+        duplex = True
+        answer: _Answer | None = None
+        run: asyncio.Task[None] | None = None
+        try:
+            async for message in requests:
+                phase = message.WhichOneof("request")
+                if phase == "request_headers":
+                    headers = _headers(message.request_headers)
+                    if message.HasField("protocol_config"):
+                        mode = message.protocol_config.request_body_mode
+                        duplex = mode == processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+                    if message.request_headers.end_of_stream:  # no body: any healthy server
+                        for response in self._anywhere(None, duplex):
+                            yield response
+                    elif not duplex:  # buffered: Envoy waits for this answer before the body
+                        yield _continue(phase)
+                elif phase == "request_body":
+                    body += message.request_body.body
+                    if not message.request_body.end_of_stream:
+                        continue
+                    try:
+                        leg, run = await self._pick(headers, body)
+                    except Refused as exc:
+                        yield _refusal(exc)
+                        return
+                    if leg is None:
+                        for response in self._anywhere(body, duplex):
+                            yield response
+                        continue
+                    answer = _Answer(leg)
+                    routed, request = leg.picked.result()
+                    sent = json.dumps(routed.body(request)).encode()
+                    for response in _routed(routed.address, sent, duplex):
+                        yield response
+                elif phase == "response_headers":
+                    if answer is not None:
+                        answer.headers(
+                            _headers(message.response_headers),
+                            message.response_headers.end_of_stream,
+                        )
+                    yield _continue(phase)
+                elif phase == "response_body":
+                    if answer is not None:
+                        answer.body(message.response_body.body, message.response_body.end_of_stream)
+                    yield _continue(phase)
+                else:
+                    yield _continue(phase)
+        finally:
+            if answer is not None:
+                answer.end(StreamBroken("Envoy ended the exchange before the answer's end"))
+            if run is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await run
+
+    def _anywhere(self, body: bytes | None, duplex: bool) -> list[pb.ProcessingResponse]:
+        """A request steersman does not schedule (model list, health) goes to a healthy server."""
+        up = [i for i in self.service.instances.values() if i.healthy] or list(
+            self.service.instances.values()
+        )
+        backend = up[0].backend
+        if not isinstance(backend, Routed):
+            raise RuntimeError("the endpoint picker needs instances with a url")
+        return _routed(backend.address, body, duplex)
+
+    async def _pick(
+        self, headers: dict[str, str], raw: bytes
+    ) -> tuple[Leg | None, asyncio.Task[None] | None]:
+        """The request through intake and the core, until an instance takes it."""
+        path = headers.get(":path", "").split("?")[0]
+        if path not in _KINDS or headers.get(":method", "POST") != "POST":
+            return None, None
+        kind, schema = _KINDS[path]
+        try:
+            data = json.loads(raw)
+            schema.model_validate(data)
+        except json.JSONDecodeError:
+            raise Refused(400, "request body is not valid JSON", "invalid_request_error") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
+            raise Refused(400, message, "invalid_request_error", param) from None
+        service = self.service
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        request_id = f"{prefix}-{request_id}"
+        expectation = None
+        if any(name in headers for name in EXPECTATION_HEADERS):
+            default = (service.qoe.expected_ttft_s, service.qoe.expected_pace_s)
+            try:
+                expectation = expectation_of(headers, default)
+            except BadHeader as exc:
+                service.refuse(request_id, kind, data, str(exc))
+                raise Refused(400, str(exc), "invalid_request_error", exc.header) from None
+        job = await service.prepare(request_id, kind, data, expectation)
+        leg = self.legs[request_id] = Leg()
+
+        async def serve() -> None:
+            try:
+                async for _ in service.run(job):
+                    pass  # Envoy carries the chunks to the client; run() accounts for them
+            finally:
+                self.legs.pop(request_id, None)
+
+        run = asyncio.create_task(serve())
+        await asyncio.wait({leg.picked, run}, return_when=asyncio.FIRST_COMPLETED)
+        if leg.picked.done():
+            return leg, run
+        exc = run.exception()
+        if isinstance(exc, QueueFull):
+            raise Refused(429, f"steersman is at capacity: {exc}", "rate_limit_error")
+        if isinstance(exc, QueueTimeout | BackendError):
+            raise Refused(503, f"no instance could serve the request: {exc}", "server_error")
+        raise Refused(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+async def start(
+    service: Steersman, legs: dict[str, Leg], settings: EppSettings
+) -> tuple[grpc.aio.Server, int]:
+    """The ext_proc and gRPC health services on ``settings.host:port``, on the running loop;
+    the server and the port it listens on. ``legs``: the ones the instances' backends read."""
+    server = grpc.aio.server()
+    pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(service, legs), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    for name in ("", SERVICE, "liveness", "readiness"):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    bound = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if bound == 0:
+        raise OSError(f"epp.port: cannot listen on {settings.host}:{settings.port}")
+    await server.start()
+    log.info("endpoint picker listening on %s:%d", settings.host, bound)
+    return server, bound

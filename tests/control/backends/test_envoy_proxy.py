@@ -1,0 +1,39 @@
+"""The Envoy configuration the picker's tests and demo run: accepted by the real binary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from steersman.control.backends.envoy_proxy import envoy_binary, envoy_config
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_the_real_envoy_accepts_the_configuration(tmp_path, fail_open):
+    config = envoy_config(
+        10000, 10001, "127.0.0.1:9002", ["127.0.0.1:8001", "127.0.0.1:8002"],
+        fail_open=fail_open, message_timeout_s=150,
+    )  # fmt: skip
+    path = tmp_path / "envoy.json"
+    path.write_text(json.dumps(config))
+    checked = subprocess.run(
+        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "configuration" in (checked.stdout + checked.stderr).lower()
+    ext_proc = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    mode = ext_proc["typed_config"]["http_filters"][0]["typed_config"]["processing_mode"]
+    assert mode["request_body_mode"] == ("BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED")
+
+
+def test_a_broken_configuration_is_refused_by_envoy(tmp_path):
+    path = tmp_path / "envoy.json"
+    path.write_text(json.dumps({"static_resources": {"clusters": [{"name": "x", "type": "NOPE"}]}}))
+    checked = subprocess.run(
+        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert checked.returncode != 0
