@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from steersman.control.backends.vllm_server import _die_with_parent, free_port
+from steersman.control.backends.vllm_server import PR_SET_PDEATHSIG, free_port
 
 DESTINATION = "x-gateway-destination-endpoint"
 _TYPES = "type.googleapis.com/envoy.extensions"
+_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    f"    ctypes.CDLL(None).prctl({PR_SET_PDEATHSIG}, signal.SIGTERM)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
 
 
 def envoy_binary() -> Path:
@@ -63,14 +70,18 @@ def _cluster(name: str, endpoints: list[str], http2: bool = False) -> dict[str, 
 def envoy_config(
     port: int,
     admin_port: int,
-    picker: str,
+    picker: str | None,
     servers: list[str],
     *,
-    fail_open: bool,
-    message_timeout_s: float,
+    fail_open: bool = False,
+    message_timeout_s: float = 150.0,
+    observe: bool = False,
 ) -> dict[str, Any]:
-    """Envoy's bootstrap: ``picker`` and ``servers`` as ``host:port``. ``message_timeout_s``:
-    how long Envoy waits for the picker's answer (a request waits in steersman's queue)."""
+    """Envoy's bootstrap: ``picker`` and ``servers`` as ``host:port`` (``picker`` None: Envoy
+    alone, round robin). ``message_timeout_s``: how long Envoy waits for the picker's answer (a
+    request waits in steersman's queue). ``observe``: the answers go to the picker through a
+    second filter in ``observability_mode`` (Envoy sends their chunks and does not wait) instead
+    of the picking filter, which holds each chunk until the picker has read it."""
     ext_proc = {
         "@type": f"{_TYPES}.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}},
@@ -80,11 +91,31 @@ def envoy_config(
             "request_header_mode": "SEND",
             "request_body_mode": "BUFFERED" if fail_open else "FULL_DUPLEX_STREAMED",
             "request_trailer_mode": "SKIP" if fail_open else "SEND",
+            "response_header_mode": "SKIP" if observe else "SEND",
+            "response_body_mode": "NONE" if observe else "STREAMED",
+            "response_trailer_mode": "SKIP",
+        },
+    }
+    observer = {
+        **ext_proc,
+        "observability_mode": True,
+        "failure_mode_allow": True,  # a reader that is down does not stop an answer
+        "processing_mode": {
+            "request_header_mode": "SEND",  # for the request's id
+            "request_body_mode": "NONE",
+            "request_trailer_mode": "SKIP",
             "response_header_mode": "SEND",
             "response_body_mode": "STREAMED",
             "response_trailer_mode": "SKIP",
         },
     }
+    router = {"name": "envoy.filters.http.router",
+              "typed_config": {"@type": f"{_TYPES}.filters.http.router.v3.Router"}}  # fmt: skip
+    filters = [{"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
+    if observe:
+        filters.append({"name": "steersman.observe", "typed_config": observer})
+    if picker is None:
+        filters = []
     picked = {"name": DESTINATION, "present_match": True}
     manager = {
         "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -101,11 +132,7 @@ def envoy_config(
                 ],
             }]
         },
-        "http_filters": [
-            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
-            {"name": "envoy.filters.http.router", "typed_config": {
-                "@type": f"{_TYPES}.filters.http.router.v3.Router"}},
-        ],
+        "http_filters": [*filters, router],
     }  # fmt: skip
     listener = {
         "name": "inference",
@@ -127,7 +154,7 @@ def envoy_config(
             "clusters": [
                 original_dst,
                 _cluster("pool", servers),
-                _cluster("picker", [picker], http2=True),
+                *([_cluster("picker", [picker], http2=True)] if picker else []),
             ],
         },
     }
@@ -138,12 +165,13 @@ class EnvoyProxy:
 
     def __init__(
         self,
-        picker: str,
+        picker: str | None,
         servers: list[str],
         workdir: Path,
         *,
         fail_open: bool = False,
         message_timeout_s: float = 150.0,
+        observe: bool = False,
         port: int | None = None,
     ) -> None:
         self.port = port or free_port()
@@ -152,7 +180,7 @@ class EnvoyProxy:
         self.workdir = workdir
         config = envoy_config(
             self.port, self.admin_port, picker, servers,
-            fail_open=fail_open, message_timeout_s=message_timeout_s,
+            fail_open=fail_open, message_timeout_s=message_timeout_s, observe=observe,
         )  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / "envoy.json"
@@ -162,11 +190,13 @@ class EnvoyProxy:
 
     def start(self, timeout_s: float = 60.0) -> EnvoyProxy:
         log = self.log_path.open("ab")
+        command = [str(envoy_binary()), "-c", str(self.config_path), "--use-dynamic-base-id",
+                   "--log-level", "warn", "--concurrency", "1"]  # fmt: skip
+        # Not forked with a preexec_fn: gRPC's fork handlers in this process abort such a child.
+        # A small launcher asks for SIGTERM when its parent dies, then becomes Envoy.
         self.process = subprocess.Popen(
-            [str(envoy_binary()), "-c", str(self.config_path), "--use-dynamic-base-id",
-             "--log-level", "warn", "--concurrency", "1"],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-        )  # fmt: skip
+            [sys.executable, "-c", _LAUNCHER, *command], stdout=log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

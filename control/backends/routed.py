@@ -19,6 +19,7 @@ from steersman.control.backends.base import (
     BackendError,
     GenerationRequest,
     GenerationResult,
+    StreamBroken,
     StreamEvent,
 )
 from steersman.control.backends.vllm_http import VllmHttpBackend
@@ -66,7 +67,7 @@ class Routed:
             raise BackendError(f"{self.name}: no gateway holds request {request.request_id}")
         if not leg.picked.done():
             leg.picked.set_result((self, request))
-        while (item := await leg.chunks.get()) is not END:
+        while (item := await self._next(leg)) is not END:
             now = self._clock()
             if isinstance(item, BackendError):
                 result.error = str(item)
@@ -75,6 +76,15 @@ class Routed:
             result.account(item, now)
             yield StreamEvent(now, item)
         result.finished_at = self._clock()
+
+    async def _next(self, leg: Leg) -> dict[str, Any] | BackendError | None:
+        """The next word of the answer; a silence as long as an upstream read's deadline breaks
+        it (nothing reported the answer's end)."""
+        try:
+            return await asyncio.wait_for(leg.chunks.get(), self.direct.read_timeout_s)
+        except TimeoutError:
+            silence = f"{self.name}: no word of the answer in {self.direct.read_timeout_s:g} s"
+            return StreamBroken(silence)
 
     def body(self, request: GenerationRequest) -> dict[str, Any]:
         """What the server gets: the client's body with steersman's priority and hints."""

@@ -44,6 +44,7 @@ class VllmHttpBackend:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.vllm = vllm
+        self.read_timeout_s = read_timeout_s
         self._clock = clock
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(

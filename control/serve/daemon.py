@@ -238,7 +238,13 @@ class Daemon:
         await discover_models(app, self.service)
         picker = None
         if self.settings.epp.enabled:
-            picker, self.epp_port = await epp.start(self.service, self.legs, self.settings.epp)
+            endpoints = epp.EndpointPicker(
+                self.service,
+                self.legs,
+                models=lambda: app.state.models,
+                max_body_bytes=self.settings.gateway.max_body_bytes,
+            )
+            picker, self.epp_port = await epp.start(endpoints, self.settings.epp)
         self.jobs.start()
         tasks = [
             asyncio.create_task(self._every(self.settings.gateway.health_interval_s, self._health)),

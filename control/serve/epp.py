@@ -20,12 +20,12 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode as _Mode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from steersman.control.backends.base import BackendError, StreamBroken, UpstreamRejected
 from steersman.control.backends.routed import END, Leg, Routed
 from steersman.control.core.scheduler import QueueFull
+from steersman.control.serve.gateway import ApiError, check_content, check_window, model_card
 from steersman.control.serve.intake import EXPECTATION_HEADERS, BadHeader, expectation_of
 from steersman.control.serve.schemas import ChatBody, CompletionBody
 from steersman.control.serve.sections import EppSettings
@@ -50,6 +51,11 @@ _KINDS = {
     "/v1/chat/completions": ("chat", ChatBody),
 }
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+def _request_id(kind: str, envoy_id: str) -> str:
+    """steersman's id of a request, from the id Envoy gives it (both of Envoy's filters see it)."""
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{envoy_id}"
 
 
 class Refused(Exception):
@@ -198,9 +204,18 @@ class _Answer:
 class EndpointPicker(pb_grpc.ExternalProcessorServicer):
     """Envoy's ext_proc service: one ``Process`` stream per HTTP request."""
 
-    def __init__(self, service: Steersman, legs: dict[str, Leg]) -> None:
+    def __init__(
+        self,
+        service: Steersman,
+        legs: dict[str, Leg],
+        models: Callable[[], list[dict[str, Any]]],
+        max_body_bytes: int,
+    ) -> None:
         self.service = service
         self.legs = legs
+        self.models = models  # the servers' model cards, as the gateway knows them
+        self.max_body_bytes = max_body_bytes
+        self._runs: set[asyncio.Task[None]] = set()
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
@@ -208,6 +223,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         headers: dict[str, str] = {}
         body = b""
         duplex = True
+        observed = False  # the response is read by another stream (Envoy's observing filter)
         answer: _Answer | None = None
         run: asyncio.Task[None] | None = None
         try:
@@ -216,8 +232,9 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                 if phase == "request_headers":
                     headers = _headers(message.request_headers)
                     if message.HasField("protocol_config"):
-                        mode = message.protocol_config.request_body_mode
-                        duplex = mode == processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+                        modes = message.protocol_config
+                        duplex = modes.request_body_mode == _Mode.FULL_DUPLEX_STREAMED
+                        observed = modes.response_body_mode == _Mode.NONE
                     if message.request_headers.end_of_stream:  # no body: any healthy server
                         for response in self._anywhere(None, duplex):
                             yield response
@@ -225,6 +242,10 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                         yield _continue(phase)
                 elif phase == "request_body":
                     body += message.request_body.body
+                    if len(body) > self.max_body_bytes:
+                        limit = f"request body is larger than {self.max_body_bytes} bytes"
+                        yield _refusal(Refused(413, limit, "invalid_request_error"))
+                        return
                     if not message.request_body.end_of_stream:
                         continue
                     try:
@@ -236,12 +257,14 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                         for response in self._anywhere(body, duplex):
                             yield response
                         continue
-                    answer = _Answer(leg)
+                    answer = None if observed else _Answer(leg)
                     routed, request = leg.picked.result()
                     sent = json.dumps(routed.body(request)).encode()
                     for response in _routed(routed.address, sent, duplex):
                         yield response
                 elif phase == "response_headers":
+                    if answer is None:  # an observing stream: the leg the picking one left
+                        answer = self._observe(headers)
                     if answer is not None:
                         answer.headers(
                             _headers(message.response_headers),
@@ -257,9 +280,16 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         finally:
             if answer is not None:
                 answer.end(StreamBroken("Envoy ended the exchange before the answer's end"))
-            if run is not None:
+            if run is not None and not observed:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await run
+
+    def _observe(self, headers: dict[str, str]) -> _Answer | None:
+        kind = _KINDS.get(headers.get(":path", "").split("?")[0])
+        if kind is None or "x-request-id" not in headers:
+            return None
+        leg = self.legs.get(_request_id(kind[0], headers["x-request-id"]))
+        return None if leg is None else _Answer(leg)
 
     def _anywhere(self, body: bytes | None, duplex: bool) -> list[pb.ProcessingResponse]:
         """A request steersman does not schedule (model list, health) goes to a healthy server."""
@@ -279,20 +309,25 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         if path not in _KINDS or headers.get(":method", "POST") != "POST":
             return None, None
         kind, schema = _KINDS[path]
+        service = self.service
+        request_id = _request_id(kind, headers.get("x-request-id") or uuid.uuid4().hex)
         try:
             data = json.loads(raw)
-            schema.model_validate(data)
+            check_content(schema.model_validate(data))
         except json.JSONDecodeError:
             raise Refused(400, "request body is not valid JSON", "invalid_request_error") from None
         except ValidationError as exc:
             first = exc.errors()[0]
-            param = ".".join(str(p) for p in first.get("loc", ())) or None
+            param = str(first["loc"][0]) if first.get("loc") else None  # a field, not a member
             message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
             raise Refused(400, message, "invalid_request_error", param) from None
-        service = self.service
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex
-        prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        request_id = f"{prefix}-{request_id}"
+        except ApiError as exc:
+            raise Refused(exc.status, exc.message, exc.kind, exc.extra.get("param")) from None
+        try:
+            card = model_card(self.models(), data)  # before any prediction runs
+        except ApiError as exc:
+            service.refuse(request_id, kind, data, exc.message)
+            raise Refused(exc.status, exc.message, exc.kind, exc.extra.get("param")) from None
         expectation = None
         if any(name in headers for name in EXPECTATION_HEADERS):
             default = (service.qoe.expected_ttft_s, service.qoe.expected_pace_s)
@@ -302,6 +337,11 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                 service.refuse(request_id, kind, data, str(exc))
                 raise Refused(400, str(exc), "invalid_request_error", exc.header) from None
         job = await service.prepare(request_id, kind, data, expectation)
+        try:
+            check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
+        except ApiError as exc:
+            service.reject(job, exc.message)
+            raise Refused(exc.status, exc.message, exc.kind, exc.extra.get("param")) from None
         leg = self.legs[request_id] = Leg()
 
         async def serve() -> None:
@@ -312,6 +352,8 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                 self.legs.pop(request_id, None)
 
         run = asyncio.create_task(serve())
+        self._runs.add(run)  # the loop keeps only a weak reference to a task
+        run.add_done_callback(self._runs.discard)
         await asyncio.wait({leg.picked, run}, return_when=asyncio.FIRST_COMPLETED)
         if leg.picked.done():
             return leg, run
@@ -323,13 +365,11 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         raise Refused(500, f"internal error: {type(exc).__name__}", "server_error")
 
 
-async def start(
-    service: Steersman, legs: dict[str, Leg], settings: EppSettings
-) -> tuple[grpc.aio.Server, int]:
+async def start(picker: EndpointPicker, settings: EppSettings) -> tuple[grpc.aio.Server, int]:
     """The ext_proc and gRPC health services on ``settings.host:port``, on the running loop;
-    the server and the port it listens on. ``legs``: the ones the instances' backends read."""
+    the server and the port it listens on."""
     server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(EndpointPicker(service, legs), server)
+    pb_grpc.add_ExternalProcessorServicer_to_server(picker, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     for name in ("", SERVICE, "liveness", "readiness"):

@@ -158,16 +158,14 @@ def create_app(
 
     @app.post("/v1/completions", dependencies=[inference], responses=GENERATION)
     async def completions(body: CompletionBody, request: Request) -> Response:
+        check_content(body)
         data = body.model_dump(exclude_unset=True)
-        if body.prompt in ("", []) or (isinstance(body.prompt, list) and "" in body.prompt):
-            raise ApiError(400, "prompt must not be empty", param="prompt")
         return await _serve(app, service, "completion", data, body.stream, request.headers)
 
     @app.post("/v1/chat/completions", dependencies=[inference], responses=GENERATION)
     async def chat(body: ChatBody, request: Request) -> Response:
+        check_content(body)
         data = body.model_dump(exclude_unset=True)
-        if not any(m.content for m in body.messages):
-            raise ApiError(400, "messages must carry some content", param="messages")
         return await _serve(app, service, "chat", data, body.stream, request.headers)
 
     @app.get("/v1/models", dependencies=[inference], responses=errors(401, 403))
@@ -207,10 +205,20 @@ async def discover_models(app: FastAPI, service: Steersman) -> None:
         app.state.models = list(cards.values())
 
 
-def _model_card(app: FastAPI, data: dict[str, Any]) -> dict[str, Any] | None:
+def check_content(body: CompletionBody | ChatBody) -> None:
+    """A 400 for a request with nothing to answer."""
+    if isinstance(body, CompletionBody):
+        prompt = body.prompt
+        if prompt in ("", []) or (isinstance(prompt, list) and "" in prompt):
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+    elif not any(m.content for m in body.messages):
+        raise ApiError(400, "messages must carry some content", param="messages")
+
+
+def model_card(models: list[dict[str, Any]], data: dict[str, Any]) -> dict[str, Any] | None:
     """The card of the requested model; 404 for one no instance serves. None when no instance
     has answered yet (the instance then judges)."""
-    cards = {c["id"]: c for c in app.state.models}
+    cards = {c["id"]: c for c in models}
     if not cards:
         return None
     card = cards.get(data["model"])
@@ -225,7 +233,7 @@ def _model_card(app: FastAPI, data: dict[str, Any]) -> dict[str, Any] | None:
     return card
 
 
-def _check_window(card: dict[str, Any] | None, prompt_tokens: int | None) -> None:
+def check_window(card: dict[str, Any] | None, prompt_tokens: int | None) -> None:
     window = card.get("max_model_len") if card else None
     if isinstance(window, int) and prompt_tokens is not None and prompt_tokens >= window:
         raise ApiError(
@@ -248,7 +256,7 @@ async def _serve(
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     try:
-        card = _model_card(app, data)  # before any prediction runs
+        card = model_card(app.state.models, data)  # before any prediction runs
         expectation = _expectation(headers, service)
     except ApiError as exc:
         service.refuse(request_id, kind, data, exc.message)
@@ -256,7 +264,7 @@ async def _serve(
     job = await service.prepare(request_id, kind, data, expectation)
     try:
         # the whole input (a chat's history too), as the server will see it
-        _check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
+        check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
     except ApiError as exc:
         service.reject(job, exc.message)
         raise

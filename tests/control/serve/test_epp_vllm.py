@@ -37,6 +37,7 @@ def picker(vllm_servers, tiny_model, tmp_path):
         instances,
         predictor={"tokenizer_dir": str(tiny_model)},
         epp={"enabled": True, "port": 0},
+        gateway={"max_body_bytes": 4096},
     )
     with running(settings) as (daemon, _):
         servers = [_address(s.url) for s in vllm_servers]
@@ -49,10 +50,14 @@ def picker(vllm_servers, tiny_model, tmp_path):
         )
 
 
-@pytest.mark.parametrize("fail_open", [False, True], ids=["full-duplex", "buffered"])
-def test_openai_client_through_envoy_and_the_picker(picker, fail_open):
+@pytest.mark.parametrize(
+    "mode",
+    [{}, {"fail_open": True}, {"observe": True}],
+    ids=["full-duplex", "buffered", "observed-answers"],
+)
+def test_openai_client_through_envoy_and_the_picker(picker, mode):
     settings, daemon, proxy = picker
-    with proxy(fail_open=fail_open) as envoy:
+    with proxy(**mode) as envoy:
         counts = asyncio.run(_traffic(envoy.url))
     assert counts == [6, 7, 8, 9, 6, 7, 8, 9]
     engine = make_engine(settings.database_url)
@@ -92,15 +97,31 @@ async def _traffic(url: str) -> list[int]:
     return await asyncio.gather(*[plain(k) for k in range(4)], *[streamed(k) for k in range(4)])
 
 
-def test_the_picker_refuses_a_bad_body_in_openai_shape(picker):
+BAD = [
+    pytest.param(b"{not json", 400, None, id="not JSON"),
+    pytest.param(b'{"model": "tiny", "max_tokens": 4}', 400, "prompt", id="no prompt"),
+    pytest.param(b'{"model": "tiny", "prompt": ""}', 400, "prompt", id="empty prompt"),
+    pytest.param(b'{"model": "nope", "prompt": "Hi"}', 404, "model", id="unknown model"),
+    pytest.param(b'{"model": "tiny", "prompt": "' + b"x" * 5000 + b'"}', 413, None, id="too big"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "param"), BAD)
+def test_the_picker_refuses_bad_input_in_openai_shape(picker, body, status, param):
     _, _, proxy = picker
     with proxy() as envoy:
         response = httpx.post(
-            f"{envoy.url}/v1/completions", json={"model": "tiny", "max_tokens": 4}, timeout=30
-        )
-    assert response.status_code == 400
+            f"{envoy.url}/v1/completions", content=body, timeout=30,
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        fine = httpx.post(
+            f"{envoy.url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2},
+            timeout=60,
+        )  # fmt: skip
+    assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert error["param"] == "prompt" and error["type"] == "invalid_request_error"
+    assert error["param"] == param and error["message"]
+    assert fine.status_code == 200  # the picker serves on
 
 
 @pytest.mark.parametrize("fail_open", [True, False])
