@@ -13,6 +13,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -182,3 +183,17 @@ TABLES = {
     model.__tablename__: model.__table__
     for model in (RequestRow, TelemetryRow, InstanceStatsRow, ControllerEventRow, ModelVersionRow)
 }
+
+
+class CheckpointRow(Base):
+    """A replica's learned state (corrector, latency models, controller), so that a replica
+    that starts, here or elsewhere, begins from the latest any of them saved."""
+
+    __tablename__ = "checkpoints"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    saved_at: Mapped[datetime] = mapped_column(Timestamp)
+    replica: Mapped[str] = mapped_column(String(128))
+    state: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index(None, "saved_at"),)

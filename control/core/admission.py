@@ -97,11 +97,17 @@ class KvRoom:
         self.names = [i.name for i in instances]
         self.order = np.array([flying.instance(n) for n in self.names], dtype=np.intp)
         self.capacity = np.array([i.kv_capacity or np.inf for i in instances], dtype=float)
-        self.limit = dispatch.target_fill * self.capacity
         self.block = np.zeros(len(flying.counts))
         self.block[self.order] = [i.block for i in instances]
-        # Work-conserving: what the engines measure leaves room, and nothing waits there.
         usage = np.array([i.kv_usage or 0.0 for i in instances])
+        # Where other schedulers' requests run too (replicas), what the engine holds beyond this
+        # scheduler's own is theirs: it is not room.
+        n = len(flying)
+        own = np.bincount(flying.inst[:n], weights=flying.size(), minlength=len(self.block))
+        theirs = np.maximum(np.nan_to_num(usage * self.capacity, posinf=0.0) - own[self.order], 0.0)
+        shared = np.array([i.others > 0 for i in instances])
+        self.limit = dispatch.target_fill * self.capacity - np.where(shared, theirs, 0.0)
+        # Work-conserving: what the engines measure leaves room, and nothing waits there.
         idle = np.array([i.waiting == 0 for i in instances]) & np.isfinite(self.capacity)
         spare = (dispatch.override_fill - usage) * self.capacity
         self.spare = np.where(idle & measured, spare, -np.inf)

@@ -40,6 +40,7 @@ class InstanceState:
     cap: int = 1 << 30  # most requests steersman keeps there
     kv_usage: float | None = None
     waiting: int = 0  # in the engine's own queue
+    others: int = 0  # requests there that are not this scheduler's (another replica's)
     step: StepCoefficients = DEFAULT_STEP
     kv_capacity: int | None = None  # KV cache tokens; None: unknown, the count cap alone holds
     block: int = 16  # tokens per KV block

@@ -331,7 +331,7 @@ class Scheduler:
         backlog = flying.prefilling() if backlog is None else backlog
         return InstanceView(
             instance.name,
-            in_flight=flying.count(instance.name),
+            in_flight=flying.count(instance.name) + instance.others,
             cap=1 << 30 if self.dispatch.admission == "none" else instance.cap,
             healthy=instance.healthy,
             kv_usage=instance.kv_usage,

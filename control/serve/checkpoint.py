@@ -1,4 +1,5 @@
-"""Checkpoints of the learned state: corrector, latency models and controller, in one file.
+"""Checkpoints of the learned state: corrector, latency models and controller, in one file (and
+in the shared history, for replicas).
 
 Written atomically (a temporary file, fsync, rename), so a crash mid-write leaves the previous
 checkpoint intact. A checkpoint that cannot be read is reported and ignored: the daemon starts
@@ -32,11 +33,28 @@ class Checkpoint:
     format: int = FORMAT
 
 
+def dumps(checkpoint: Checkpoint) -> bytes:
+    return pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(state: bytes, source: str) -> Checkpoint | None:
+    """A checkpoint from its bytes; None (said in the log) when it cannot be used."""
+    try:
+        checkpoint = pickle.loads(state)  # written by steersman: its own file, its own history
+    except Exception as exc:
+        log.warning("checkpoint %s unreadable, not used: %s", source, exc)
+        return None
+    if not isinstance(checkpoint, Checkpoint) or checkpoint.format != FORMAT:
+        log.warning("checkpoint %s has an unknown format, not used", source)
+        return None
+    return checkpoint
+
+
 def save(path: Path, checkpoint: Checkpoint) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as fh:
-        pickle.dump(checkpoint, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.write(dumps(checkpoint))
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -46,14 +64,7 @@ def load(path: Path) -> Checkpoint | None:
     """The checkpoint at ``path``; None when there is none or it cannot be used."""
     if not path.exists():
         return None
-    try:
-        with open(path, "rb") as fh:
-            checkpoint = pickle.load(fh)  # our own file in our own data directory
-    except Exception as exc:
-        log.warning("checkpoint %s unreadable, starting fresh: %s", path, exc)
-        return None
-    if not isinstance(checkpoint, Checkpoint) or checkpoint.format != FORMAT:
-        log.warning("checkpoint %s has an unknown format, starting fresh", path)
-        return None
-    log.info("restored checkpoint %s (%.0f s old)", path, time.time() - checkpoint.saved_at)
+    checkpoint = loads(path.read_bytes(), str(path))
+    if checkpoint is not None:
+        log.info("checkpoint %s is %.0f s old", path, time.time() - checkpoint.saved_at)
     return checkpoint

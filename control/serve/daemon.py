@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
 
 from steersman.control.backends.routed import Leg, Routed
 from steersman.control.backends.vllm_server import check_port
@@ -41,6 +43,7 @@ from steersman.control.serve.settings import Settings
 from steersman.control.training.retrain import Retrainer, retrain_base
 from steersman.learners.corrector import LengthCorrector
 from steersman.learners.tokens import TokenCounter
+from steersman.storage import checkpoints as shared
 from steersman.storage import migrate
 from steersman.storage.engine import DatabaseUnavailable, make_engine
 from steersman.storage.retention import apply_retention
@@ -136,6 +139,7 @@ class Daemon:
                 {"path": str(s.predictor.model_dir)},
             )
         self.checkpoint_path = s.data_dir / "checkpoints" / "state.pkl"
+        self.replica = s.replica or f"{socket.gethostname()}:{s.data_dir}"
         self._checkpointing = threading.Lock()
         self.restore()
         self.retrainer = Retrainer(
@@ -192,9 +196,29 @@ class Daemon:
             ckpt.save(self.checkpoint_path, checkpoint)
         except OSError as exc:
             log.error("checkpoint not written: %s", exc)
+        try:  # for the other replicas, and for this one if its disk is gone
+            saved = datetime.fromtimestamp(checkpoint.saved_at, UTC)
+            shared.save_checkpoint(self.engine, self.replica, saved, ckpt.dumps(checkpoint))
+        except (DatabaseUnavailable, SQLAlchemyError) as exc:
+            log.warning("checkpoint not in the shared history (the file has it): %s", exc)
+
+    def _newest_checkpoint(self) -> ckpt.Checkpoint | None:
+        """This replica's file or the newest any replica put in the shared history."""
+        mine = ckpt.load(self.checkpoint_path)
+        try:
+            row = shared.latest_checkpoint(self.engine)
+        except (DatabaseUnavailable, SQLAlchemyError) as exc:
+            log.warning("shared checkpoints not read: %s", exc)
+            row = None
+        if row is not None and (mine is None or row[0].timestamp() > mine.saved_at):
+            theirs = ckpt.loads(row[2], f"of {row[1]} in the history")
+            if theirs is not None:
+                log.info("starting from the checkpoint %s saved at %s", row[1], row[0])
+                return theirs
+        return mine
 
     def restore(self) -> None:
-        checkpoint = ckpt.load(self.checkpoint_path)
+        checkpoint = self._newest_checkpoint()
         if checkpoint is None:
             return
         svc = self.service

@@ -229,6 +229,11 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         try:
             async for message in requests:
                 phase = message.WhichOneof("request")
+                if message.observability_mode:  # Envoy neither waits for nor reads an answer
+                    answer = self._watch(message, phase, headers, answer)
+                    if phase == "request_headers":
+                        headers = _headers(message.request_headers)
+                    continue
                 if phase == "request_headers":
                     headers = _headers(message.request_headers)
                     if message.HasField("protocol_config"):
@@ -263,8 +268,6 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     for response in _routed(routed.address, sent, duplex):
                         yield response
                 elif phase == "response_headers":
-                    if answer is None:  # an observing stream: the leg the picking one left
-                        answer = self._observe(headers)
                     if answer is not None:
                         answer.headers(
                             _headers(message.response_headers),
@@ -283,6 +286,23 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             if run is not None and not observed:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await run
+
+    def _watch(
+        self,
+        message: pb.ProcessingRequest,
+        phase: str | None,
+        headers: dict[str, str],
+        answer: _Answer | None,
+    ) -> _Answer | None:
+        """An observing filter's message: the answer's headers and chunks, read into the leg."""
+        if phase == "response_headers":
+            answer = self._observe(headers)
+            if answer is not None:
+                response = message.response_headers
+                answer.headers(_headers(response), response.end_of_stream)
+        elif phase == "response_body" and answer is not None:
+            answer.body(message.response_body.body, message.response_body.end_of_stream)
+        return answer
 
     def _observe(self, headers: dict[str, str]) -> _Answer | None:
         kind = _KINDS.get(headers.get(":path", "").split("?")[0])

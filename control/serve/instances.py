@@ -38,6 +38,7 @@ class Instance:
     streaming: bool = False  # a stream from it produced events since the last probe
     kv_usage: float | None = None
     waiting: int = 0
+    others: int = 0  # requests at the server that another steersman replica sent
     kv_capacity: int | None = None  # KV cache tokens, from the profile or vLLM's /metrics
     block: int = 16
     coefficients: StepCoefficients | None = None
@@ -68,6 +69,7 @@ class Instance:
             cap=self.cap,
             kv_usage=self.kv_usage,
             waiting=self.waiting,
+            others=self.others,
             step=self.coefficients,
             kv_capacity=self.kv_capacity,
             block=self.block,

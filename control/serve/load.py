@@ -74,6 +74,9 @@ class LoadWatcher:
                 assert m is not None
                 instance.kv_usage = m.kv_cache_usage
                 instance.waiting = round(m.waiting or 0)
+                # Replicas in front of the same server: what it holds beyond our own is theirs.
+                held = round((m.running or 0) + (m.waiting or 0))
+                instance.others = max(held - self.in_flight(instance.name), 0)
                 self._capacity(instance, m.num_gpu_blocks, m.block_size)
             instance.refresh()
 

@@ -62,6 +62,13 @@ class Settings(BaseSettings):
         default_factory=TelemetrySettings, description="GPU sampling through NVML and vLLM scrapes."
     )
 
+    replica: str = Field(
+        default="",
+        description="This replica's name in the shared history (its checkpoints); several "
+        "replicas in front of the same servers share one PostgreSQL history. Empty: the host "
+        "name and data directory.",
+    )
+
     instances: list[InstanceSettings] = Field(
         default_factory=list,
         description="The serving instances, as [[instances]] tables with url or sim.",

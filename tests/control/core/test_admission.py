@@ -163,3 +163,29 @@ def test_by_default_vllm_is_ordered_by_length_from_the_first_request():
     send(s, "new", 100, 50, now=0.0)
     (a,) = s.schedule([state()], now=0.0)
     assert a.ordered and a.priority == s.scheduled("new").priority
+
+
+@pytest.mark.parametrize(
+    ("others", "usage", "admitted"),
+    [
+        pytest.param(0, 0.9, True, id="alone: the engine's usage is our own requests"),
+        pytest.param(3, 0.3, True, id="a replica's requests leave room"),
+        pytest.param(3, 0.9, False, id="a replica's requests fill the cache"),
+    ],
+)
+def test_what_another_replica_holds_at_an_engine_is_not_room(others, usage, admitted):
+    s = core()
+    send(s, "r1", 100, 100)
+    assert placed(s, state(usage=0.0, waiting=0)) == ["r1"]  # ours: 100 + 100 at the end
+    send(s, "r2", 100, 100)
+    shared = InstanceState("a", cap=100, kv_usage=usage, waiting=1, kv_capacity=CAPACITY,
+                           block=0, others=others)  # fmt: skip
+    assert placed(s, shared) == (["r2"] if admitted else [])
+
+
+def test_another_replicas_requests_count_against_the_cap():
+    s = core(admission="count")
+    send(s, "r1", 10, 10)
+    busy = InstanceState("a", cap=4, others=4)
+    assert placed(s, busy) == []
+    assert placed(s, InstanceState("a", cap=4, others=3)) == ["r1"]

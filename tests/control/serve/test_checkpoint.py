@@ -30,3 +30,32 @@ def test_unusable_checkpoints_are_ignored(tmp_path):
     foreign = tmp_path / "foreign.pkl"
     foreign.write_bytes(pickle.dumps({"not": "a checkpoint"}))
     assert ckpt.load(foreign) is None
+
+
+def test_a_replica_that_starts_takes_the_newest_checkpoint_of_the_shared_history(
+    tmp_path, pg_fresh_url
+):
+    from steersman.control.serve.daemon import Daemon
+    from tests.control.serve.serving import settings_for
+
+    def replica(name: str) -> Daemon:
+        settings = settings_for(
+            tmp_path / name, [{"name": "sim-0", "sim": "cpu-tiny"}],
+            storage={"url": pg_fresh_url}, replica=name,
+        )  # fmt: skip
+        return Daemon(settings)
+
+    a = replica("a")
+    for _ in range(50):
+        a.service.scheduler.corrector.learn_one({"brief": 1.0}, 20)
+    a.service.scheduler.state = ControllerState(mode="FALLBACK")
+    a.save_checkpoint()
+    a.close()
+    b = replica("b")  # its own empty data directory: only the history has a checkpoint
+    try:
+        assert not (tmp_path / "b" / "data" / "checkpoints" / "state.pkl").exists()
+        learned = a.service.scheduler.corrector.predict_one({"brief": 1.0})
+        assert b.service.scheduler.corrector.predict_one({"brief": 1.0}) == learned
+        assert b.service.scheduler.state.mode == "FALLBACK"
+    finally:
+        b.close()
