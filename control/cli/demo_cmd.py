@@ -19,13 +19,18 @@ from steersman.control.training.tiny_model import served_model
 from steersman.learners.tokens import TokenCounter
 
 if TYPE_CHECKING:
-    from steersman.control.harness.replay import Outcome
+    from steersman.control.harness.replay import Replayed
     from steersman.control.serve.daemon import Daemon
 
 
 class BackendKind(StrEnum):
     vllm = "vllm"
     sim = "sim"
+
+
+class Front(StrEnum):
+    gateway = "gateway"
+    envoy = "envoy"
 
 
 PolicyName = StrEnum(  # type: ignore[misc]
@@ -58,6 +63,13 @@ def demo_command(
     train_budget: Annotated[
         float, typer.Option(help="Most seconds to train the length model, the first time.")
     ] = 180.0,
+    front: Annotated[
+        Front,
+        typer.Option(
+            help="What clients reach: steersman's gateway, or a real Envoy with "
+            "steersman as its endpoint picker (vLLM servers only)."
+        ),
+    ] = Front.gateway,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Build the models, start two servers and the daemon, replay a real trace with real
@@ -73,6 +85,9 @@ def demo_command(
 
     settings: Settings = ctx.obj.settings()
     console = Console(stderr=True, highlight=False, soft_wrap=True)
+    if front is Front.envoy and backend is not BackendKind.vllm:
+        console.print("error: --front envoy needs --backend vllm: Envoy routes to real servers")
+        raise typer.Exit(2)
     if backend is BackendKind.vllm:
         try:
             vllm_python = str(checked_vllm_python(vllm_python))
@@ -97,8 +112,9 @@ def demo_command(
     # The servers share the machine's cores with the daemon: at nice 10 the length model's few
     # milliseconds per request do not wait behind decode steps (they would miss the deadline).
     config = DemoConfig(
-        backend.value, run_dir, model_dir, length_model, vllm_python, policy.value, server_nice=10
-    )
+        backend.value, run_dir, model_dir, length_model, vllm_python, policy.value,
+        front=front.value, server_nice=10,
+    )  # fmt: skip
     console.print(
         f"starting {backend.value} instances and the daemon; replaying {len(items)} requests "
         f"over {duration:g} s at {rate:g} req/s",
@@ -108,7 +124,7 @@ def demo_command(
         state: dict[str, Daemon] = {}
         failed = 0
 
-        def done(outcome: Outcome) -> None:
+        def done(outcome: Replayed) -> None:
             nonlocal failed
             failed += 0 if outcome.ok else 1
             info = ""
@@ -145,7 +161,8 @@ def demo_command(
 
 
 def _print_summary(console: Console, s: dict) -> None:
-    table = Table("", "value", title=f"steersman demo ({s['backend']}, {s['policy']})")
+    title = f"steersman demo ({s['backend']}, {s['policy']}, through {s['front']})"
+    table = Table("", "value", title=title)
     p = s["prediction"]
     rows = [
         ("requests", f"{s['succeeded']}/{s['requests']} succeeded, {s['failed']} failed"),

@@ -104,7 +104,9 @@ class KvRoom:
         # scheduler's own is theirs: it is not room.
         n = len(flying)
         own = np.bincount(flying.inst[:n], weights=flying.size(), minlength=len(self.block))
-        theirs = np.maximum(np.nan_to_num(usage * self.capacity, posinf=0.0) - own[self.order], 0.0)
+        known = np.isfinite(self.capacity)
+        held = usage * np.where(known, self.capacity, 0.0)
+        theirs = np.maximum(held - own[self.order], 0.0)
         shared = np.array([i.others > 0 for i in instances])
         self.limit = dispatch.target_fill * self.capacity - np.where(shared, theirs, 0.0)
         # Work-conserving: what the engines measure leaves room, and nothing waits there.

@@ -30,7 +30,7 @@ class Compensation:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Finished:
     """A finished request as the controller sees it. ``scheduled`` is the compensated prediction
     the request was scheduled with; ``corrected`` the prediction before compensation; ``band``
     the compensated band it was scheduled with (``None``: the point is all there is)."""
@@ -114,14 +114,14 @@ def is_miss(
 
 
 def observe(
-    state: ControllerState, outcome: Outcome, now: float, config: ControllerSettings
+    state: ControllerState, outcome: Finished, now: float, config: ControllerSettings
 ) -> Step:
     """Score one finished request; move between NORMAL and FALLBACK; adjust compensation.
 
     >>> cfg = ControllerSettings()
     >>> s = ControllerState()
     >>> for t in range(5):
-    ...     step = observe(s, Outcome("chat", 300, 250, 100), float(t), cfg)
+    ...     step = observe(s, Finished("chat", 300, 250, 100), float(t), cfg)
     ...     s = step.state
     >>> s.mode, step.hot_update, step.events[0].reason
     ('FALLBACK', True, '5 consecutive misses over 30%')
@@ -129,7 +129,7 @@ def observe(
     And a length model whose predictions stop ordering requests (``rank`` below ``min_rank``)
     is broken however well the corrector calibrates bands around it.
 
-    >>> observe(ControllerState(), Outcome("chat", 300, 250, 280, rank=0.02), 0.0, cfg).events[0]
+    >>> observe(ControllerState(), Finished("chat", 300, 250, 280, rank=0.02), 0.0, cfg).events[0]
     ... # doctest: +ELLIPSIS
     Event(kind='mode', reason='predictions no longer rank: correlation 0.02 below 0.15', ...)
     """
@@ -223,7 +223,7 @@ def _normal(state: ControllerState, now: float) -> ControllerState:
 
 
 def _compensate(
-    state: ControllerState, outcome: Outcome, config: ControllerSettings
+    state: ControllerState, outcome: Finished, config: ControllerSettings
 ) -> tuple[ControllerState, Event | None]:
     """Every ``adjust_every`` outcomes of a class, scale (a, b) so that the median scheduled
     length sits ``headroom`` above the actual one, moving ``step`` of the way, within bounds.

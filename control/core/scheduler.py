@@ -394,7 +394,7 @@ class Scheduler:
         if self.dispatch.policy == "oracle":
             return Report()  # the truth is never a miss, and never falls back
         censored = a.max_tokens if outcome.cut_off else None
-        observed = ctl.Outcome(
+        observed = ctl.Finished(
             a.request_class,
             t.scheduled,
             t.corrected,

@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import text
 
+from steersman.control.backends.envoy_proxy import EnvoyProxy
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.backends.vllm_server import VllmServer, free_port
-from steersman.control.harness.replay import Outcome, replay
+from steersman.control.harness.replay import Replayed, replay
 from steersman.control.harness.workloads import WorkItem, build_workload, load_trace, trace_arrivals
 from steersman.control.serve.daemon import Daemon, serving
 from steersman.control.serve.settings import Settings, derive
@@ -52,6 +54,7 @@ class DemoConfig:
     length_model: Path
     vllm_python: str
     policy: str = "predictive"
+    front: str = "gateway"  # or "envoy": a real Envoy carries the bytes, steersman picks
     max_in_flight: int = 32
     # CPU priority of the servers where they share cores with the daemon (``nice`` levels).
     server_nice: int = 0
@@ -136,12 +139,12 @@ def daemon_settings(
 def run_replay(
     url: str,
     items: list[WorkItem],
-    on_outcome: Callable[[Outcome], None] | None = None,
+    on_outcome: Callable[[Replayed], None] | None = None,
     extra_body: dict[str, Any] | None = None,
-) -> tuple[list[Outcome], float]:
+) -> tuple[list[Replayed], float]:
     """Send the workload through the gateway as an OpenAI client would; (outcomes, wall s)."""
 
-    async def go() -> list[Outcome]:
+    async def go() -> list[Replayed]:
         # vllm=True: ask for per-chunk usage (exact token times); steersman passes it through.
         backend = VllmHttpBackend("steersman", url, read_timeout_s=300)
         try:
@@ -194,7 +197,7 @@ def history_summary(database_url: str) -> dict[str, Any]:
     }
 
 
-def summarize_run(outcomes: list[Outcome], wall_s: float, history: dict[str, Any]) -> dict:
+def summarize_run(outcomes: list[Replayed], wall_s: float, history: dict[str, Any]) -> dict:
     ok = [o for o in outcomes if o.ok]
 
     def pct(name: str, q: float) -> float | None:
@@ -217,24 +220,40 @@ def summarize_run(outcomes: list[Outcome], wall_s: float, history: dict[str, Any
     }
 
 
+@contextlib.contextmanager
+def _front(config: DemoConfig, daemon: Daemon, specs: list[dict[str, Any]]) -> Iterator[str | None]:
+    """Envoy in front of the servers with steersman as its endpoint picker, or nothing (the
+    gateway is the front)."""
+    if config.front != "envoy":
+        yield None
+        return
+    servers = [urlsplit(spec["url"]).netloc for spec in specs]
+    picker = f"127.0.0.1:{daemon.epp_port}"
+    with EnvoyProxy(picker, servers, config.run_dir / "envoy", observe=True) as envoy:
+        yield envoy.url
+
+
 def run_demo(
     config: DemoConfig,
     base: Settings,
     items: list[WorkItem],
-    on_outcome: Callable[[Outcome], None] | None = None,
+    on_outcome: Callable[[Replayed], None] | None = None,
     on_serving: Callable[[Daemon], None] | None = None,
 ) -> dict[str, Any]:
     """Start everything, replay, stop everything (also on Ctrl-C); the run's summary."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
+    envoy = config.front == "envoy"
     with instances(config) as specs:
-        settings = daemon_settings(config, specs, base)
+        extra = {"epp": {"enabled": True, "port": 0}} if envoy else None
+        settings = daemon_settings(config, specs, base, extra)
         daemon = Daemon(settings)
-        with serving(daemon) as url:
+        with serving(daemon) as url, _front(config, daemon, specs) as front_url:
             if on_serving is not None:
                 on_serving(daemon)
-            outcomes, wall = run_replay(url, items, on_outcome)
+            outcomes, wall = run_replay(front_url or url, items, on_outcome)
     summary = summarize_run(outcomes, wall, history_summary(settings.database_url))
     summary["backend"] = config.backend
+    summary["front"] = config.front
     summary["policy"] = config.policy
     summary["database"] = settings.database_url
     summary["dashboard"] = f"steersman dashboard --db {settings.database_url}"

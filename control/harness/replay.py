@@ -17,7 +17,7 @@ from steersman.storage.query import percentile
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Replayed:
     index: int
     prompt_id: str
     arrival_s: float
@@ -44,15 +44,15 @@ async def replay(
     expected_ttft: float = 1.0,
     expected_pace: float = 0.2,
     clock: Callable[[], float] = time.monotonic,
-    on_outcome: Callable[[Outcome], None] | None = None,
+    on_outcome: Callable[[Replayed], None] | None = None,
     extra_body: dict[str, Any] | None = None,
-) -> list[Outcome]:
+) -> list[Replayed]:
     """Send each item at its arrival time (times ``time_scale``) with ``max_tokens`` = its true
     length and ``ignore_eos``, so the server generates exactly the real response's length.
     A chat item goes to chat completions; ``extra_body`` is merged into every request."""
     start = clock()
 
-    async def one(item: WorkItem) -> Outcome:
+    async def one(item: WorkItem) -> Replayed:
         delay = start + item.arrival_s * time_scale - clock()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -77,9 +77,9 @@ async def replay(
     return list(await asyncio.gather(*(one(item) for item in items)))
 
 
-def _outcome(item: WorkItem, r: GenerationResult, ttft: float, pace: float) -> Outcome:
+def _outcome(item: WorkItem, r: GenerationResult, ttft: float, pace: float) -> Replayed:
     relative = [(t - r.started_at, n) for t, n in r.token_times]
-    return Outcome(
+    return Replayed(
         index=item.index,
         prompt_id=item.prompt_id,
         arrival_s=item.arrival_s,
@@ -94,7 +94,7 @@ def _outcome(item: WorkItem, r: GenerationResult, ttft: float, pace: float) -> O
     )
 
 
-def summarize(outcomes: Sequence[Outcome], wall_s: float) -> dict[str, Any]:
+def summarize(outcomes: Sequence[Replayed], wall_s: float) -> dict[str, Any]:
     ok = [o for o in outcomes if o.ok]
     summary: dict[str, Any] = {
         "requests": len(outcomes),
@@ -118,5 +118,5 @@ def summarize(outcomes: Sequence[Outcome], wall_s: float) -> dict[str, Any]:
     return summary
 
 
-def outcome_records(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+def outcome_records(outcomes: Sequence[Replayed]) -> list[dict[str, Any]]:
     return [asdict(o) for o in outcomes]

@@ -33,11 +33,11 @@ from steersman.control.serve import checkpoint as ckpt
 from steersman.control.serve import epp
 from steersman.control.serve.gateway import create_app, discover_models
 from steersman.control.serve.instances import make_instance
-from steersman.control.serve.jobs import Jobs
-from steersman.control.serve.length_model import ServedModel, load_length_model
+from steersman.control.serve.jobs import PeriodicJobs
 from steersman.control.serve.load import LoadWatcher
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
+from steersman.control.serve.served_model import ServedModel, load_length_model
 from steersman.control.serve.service import Steersman
 from steersman.control.serve.settings import Settings
 from steersman.control.training.retrain import Retrainer, retrain_base
@@ -156,7 +156,7 @@ class Daemon:
         )
         scheduled = s.jobs.retrain_interval_s or s.jobs.retrain_cron
         j = s.jobs
-        self.jobs = Jobs(
+        self.jobs = PeriodicJobs(
             checkpoint=self.save_checkpoint,
             checkpoint_interval_s=j.checkpoint_interval_s,
             retention=self.retention,

@@ -360,7 +360,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         try:
             check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
         except ApiError as exc:
-            service.reject(job, exc.message)
+            service.refuse(request_id, kind, data, exc.message, job)
             raise Refused(exc.status, exc.message, exc.kind, exc.extra.get("param")) from None
         leg = self.legs[request_id] = Leg()
 

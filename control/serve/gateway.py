@@ -266,7 +266,7 @@ async def _serve(
         # the whole input (a chat's history too), as the server will see it
         check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
     except ApiError as exc:
-        service.reject(job, exc.message)
+        service.refuse(request_id, kind, data, exc.message, job)
         raise
     chunks = service.run(job, respond_first=True)
     try:

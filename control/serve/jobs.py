@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 Job = Callable[[], Any]
 
 
-class Jobs:
+class PeriodicJobs:
     """Checkpoints, telemetry retention and retraining on schedules from settings; ``retrain_now``
     queues an early retraining (the controller's hot model update). Each job runs alone: a run
     still going when its next time comes is skipped, not stacked."""

@@ -14,7 +14,7 @@ import httpx
 from steersman.control.backends.sim import SimBackend
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.serve.instances import Instance
-from steersman.telemetry.instances import InstanceScraper
+from steersman.telemetry.scraper import InstanceScraper
 from steersman.telemetry.settings import TelemetrySettings
 
 log = logging.getLogger(__name__)

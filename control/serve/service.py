@@ -132,12 +132,19 @@ class Steersman:
             queue_by_ttft=self.qoe.enabled and streamed(body),
         )
 
-    def reject(self, job: Job, reason: str) -> None:
-        """Record a request refused before it was scheduled (the client's mistake)."""
-        self._close(job, error=reason)
-
-    def refuse(self, request_id: str, kind: str, body: dict[str, Any], reason: str) -> None:
-        """Record a request refused before any prediction ran (an unknown model)."""
+    def refuse(
+        self,
+        request_id: str,
+        kind: str,
+        body: dict[str, Any],
+        reason: str,
+        job: Job | None = None,
+    ) -> None:
+        """Record a request refused before it was scheduled (the client's mistake): with its
+        ``job`` once prepared, or before any prediction ran (an unknown model)."""
+        if job is not None:
+            self._close(job, error=reason)
+            return
         text, _ = text_of(kind, body)
         now = self.clock()
         self.metrics.requests.labels("none", "none", "error").inc()

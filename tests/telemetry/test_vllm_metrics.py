@@ -146,7 +146,7 @@ def test_scrape_over_http(server):
 
 def test_instance_scraper_keeps_state_and_writes_rows(server):
     from steersman.storage.models import InstanceStatsRow
-    from steersman.telemetry.instances import InstanceScraper
+    from steersman.telemetry.scraper import InstanceScraper
 
     rows: list[dict] = []
 
@@ -180,7 +180,7 @@ def test_instance_scraper_keeps_state_and_writes_rows(server):
 
 
 def test_instance_scraper_run_stops_promptly(server):
-    from steersman.telemetry.instances import InstanceScraper
+    from steersman.telemetry.scraper import InstanceScraper
 
     async def go():
         async with httpx.AsyncClient() as client:

@@ -90,7 +90,7 @@ def test_default_database_lives_in_the_data_dir(tmp_path):
     assert runner.invoke(app, ["db", "upgrade"]).exit_code == 0
     assert (tmp_path / "data" / "steersman.db").exists()
     result = runner.invoke(app, ["db", "current"])
-    assert result.exit_code == 0 and "current: 0005  head: 0005" in result.stdout
+    assert result.exit_code == 0 and "current: 0006  head: 0006" in result.stdout
 
 
 def test_unknown_named_query_lists_valid_names():

@@ -9,7 +9,7 @@ import pytest
 from steersman.control.core.controller import (
     Compensation,
     ControllerState,
-    Outcome,
+    Finished,
     is_miss,
     observe,
     tick,
@@ -17,8 +17,8 @@ from steersman.control.core.controller import (
 from steersman.control.core.settings import ControllerSettings
 
 CFG = ControllerSettings(adjust_every=1000, recover_hits=5)  # compensation left alone here
-HIT = Outcome("chat", scheduled=100, corrected=80, actual=100)
-MISS = Outcome("chat", scheduled=300, corrected=250, actual=100)
+HIT = Finished("chat", scheduled=100, corrected=80, actual=100)
+MISS = Finished("chat", scheduled=300, corrected=250, actual=100)
 
 
 def run(script, config=CFG):
@@ -130,7 +130,7 @@ def test_compensation_moves_towards_actual_lengths_within_bounds():
     # The corrected prediction is twice the truth: 1.2 * 200 + 10 = 250 scheduled for 100.
     for t in range(60):
         scheduled = state.compensation_for("code", config).apply(200)
-        step = observe(state, Outcome("code", scheduled, 200, 100), float(t), config)
+        step = observe(state, Finished("code", scheduled, 200, 100), float(t), config)
         state = step.state
         events.extend(e for e in step.events if e.kind == "compensation")
     comp = state.compensation["code"]
@@ -147,7 +147,7 @@ def test_compensation_bounds_hold():
     config = ControllerSettings(adjust_every=5, window=5, a_min=0.9, a_max=1.5, b_max=20)
     state = ControllerState()
     for t in range(200):  # predictions far too short: a would grow without bound
-        state = observe(state, Outcome("chat", 10, 8, 1000), float(t), config).state
+        state = observe(state, Finished("chat", 10, 8, 1000), float(t), config).state
     assert state.compensation["chat"].a == 1.5
     assert state.compensation["chat"].b == 20
 
@@ -156,7 +156,9 @@ def test_censored_outcomes_do_not_move_compensation():
     config = ControllerSettings(adjust_every=5)
     state = ControllerState()
     for t in range(50):
-        state = observe(state, Outcome("chat", 900, 800, 64, max_tokens=64), float(t), config).state
+        state = observe(
+            state, Finished("chat", 900, 800, 64, max_tokens=64), float(t), config
+        ).state
     assert state.compensation == {}
     assert state.streak == 0  # and they are not misses either
 
@@ -172,7 +174,7 @@ def feed(outcomes, config=CFG):
     return modes, reasons
 
 
-def at(outcome: Outcome, rank: float | None = None, n: int = 0) -> Outcome:
+def at(outcome: Finished, rank: float | None = None, n: int = 0) -> Finished:
     return replace(outcome, rank=rank, modelled=n > 0)
 
 

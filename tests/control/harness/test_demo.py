@@ -76,16 +76,19 @@ def _default_vllm_environment() -> None:
 
 
 @pytest.mark.vllm
-def test_demo_on_real_vllm_from_the_repository_root(tmp_path, tiny_model):
+@pytest.mark.parametrize("front", ["gateway", "envoy"])
+def test_demo_on_real_vllm_from_the_repository_root(tmp_path, tiny_model, front):
     """The README's run command, with only --duration and --train-budget shortened: the default
-    --vllm-python is the relative .vllm-venv/bin/python."""
+    --vllm-python is the relative .vllm-venv/bin/python. Also behind a real Envoy, steersman
+    picking the server for each request."""
     _default_vllm_environment()
     data = tmp_path / "data"
     shutil.copytree(tiny_model, data / "models" / "tiny-llama")
-    done = _run_from_root(["demo", "--duration", "10", "--train-budget", "15", "--json"], data)
+    args = ["demo", "--duration", "10", "--train-budget", "15", "--front", front, "--json"]
+    done = _run_from_root(args, data)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    assert summary["backend"] == "vllm"
+    assert summary["backend"] == "vllm" and summary["front"] == front
     assert summary["requests"] == summary["succeeded"] == 20 and summary["failed"] == 0
     assert summary["prediction"]["scored"] == 20
     engine = make_engine(summary["database"])
