@@ -9,6 +9,9 @@ then yields the answer's chunks as the picker reads them off Envoy's response pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -42,6 +45,19 @@ class Leg:
         self.chunks.put_nowait(item)
 
 
+def _ip_of(host: str) -> str:
+    """``host``'s address (itself when it is one; itself too when it cannot be resolved yet)."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(host, None)[0][4][0]
+    except OSError:
+        return host
+
+
 class Routed:
     """A server reached through the gateway in front; probes and model cards go to it direct."""
 
@@ -55,7 +71,9 @@ class Routed:
         self.direct = direct
         self.vllm = direct.vllm
         parts = urlsplit(direct.base_url)
-        self.address = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+        self.host = parts.hostname or ""
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ip = _ip_of(self.host)
         self.legs = legs
         self._clock = clock
 
@@ -96,8 +114,18 @@ class Routed:
                 body["vllm_xargs"] = request.xargs
         return body
 
+    @property
+    def address(self) -> str:
+        """Where Envoy sends the request: an IP address, as its ORIGINAL_DST cluster needs."""
+        return f"{self.ip}:{self.port}"
+
     async def health(self) -> bool:
-        return await self.direct.health()
+        ok = await self.direct.health()
+        if ok and self.ip != self.host:  # a name (a pod's): its address may have moved
+            with contextlib.suppress(OSError):
+                found = await asyncio.get_running_loop().getaddrinfo(self.host, self.port)
+                self.ip = found[0][4][0]
+        return ok
 
     async def models(self) -> list[dict[str, Any]]:
         return await self.direct.models()
