@@ -146,7 +146,6 @@ class DispatchSettings(_Section):
         "first token is what a user sees first; 0 ignores them).",
     )
     max_queue: int = Field(default=10_000, ge=0, description="Queued requests beyond this: 429.")
-    queue_timeout_s: float = Field(default=120.0, gt=0, description="Longest wait in the queue.")
 
 
 class StreamExpectation(_Section):

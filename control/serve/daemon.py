@@ -92,8 +92,9 @@ class Daemon:
         predictor = Predictor(
             deadline_s=s.predictor.deadline_ms / 1000, count_tokens=count, model_version=version
         )
-        d = s.dispatch
-        scheduler = Scheduler(d, s.controller, corrector=corrector, origin=time.monotonic())
+        scheduler = Scheduler(
+            s.dispatch, s.controller, corrector=corrector, origin=time.monotonic()
+        )
         self.metrics = Metrics(
             self.sampler.latest if self.sampler else None, admission=lambda: scheduler.stats
         )
@@ -111,14 +112,9 @@ class Daemon:
             instances,
             predictor,
             scheduler,
+            s,
             record=self.writer.submit,
             metrics=self.metrics,
-            queue_timeout_s=d.queue_timeout_s,
-            retries=s.gateway.retries,
-            health_failures=s.gateway.health_failures,
-            store_prompts=s.storage.store_prompts,
-            qoe=s.qoe,
-            max_tokens_is_length=s.predictor.max_tokens_is_length,
             telemetry=self.sampler.features if self.sampler else dict,
             tokenize=tokenize,
             on_hot_update=self._hot_update,
@@ -271,7 +267,7 @@ class Daemon:
             picker, self.epp_port = await epp.start(endpoints, self.settings.epp)
         self.jobs.start()
         tasks = [
-            asyncio.create_task(self._every(self.settings.gateway.health_interval_s, self._health)),
+            asyncio.create_task(self._every(self.settings.service.health_interval_s, self._health)),
             asyncio.create_task(self._every(1.0, self._tick)),
             asyncio.create_task(self._load_loop()),
         ]

@@ -95,6 +95,18 @@ class GatewaySettings(_Section):
     read_timeout_s: float = Field(
         default=120.0, gt=0, description="Longest silence on an upstream stream."
     )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish."
+    )
+
+
+class ServiceSettings(_Section):
+    """What the loop's shell does with a request between intake and outcome, whichever front
+    door it came through (gateway or endpoint picker)."""
+
+    queue_timeout_s: float = Field(
+        default=120.0, gt=0, description="Longest wait in steersman's queue before a 503."
+    )
     retries: int = Field(
         default=1, ge=0, le=5, description="Retries elsewhere of a request that never started."
     )
@@ -104,9 +116,6 @@ class GatewaySettings(_Section):
         ge=1,
         description="Failed /health probes in a row that mark an instance down (a busy server "
         "can be slow to answer one; a request that cannot reach it marks it down at once).",
-    )
-    drain_timeout_s: float = Field(
-        default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish."
     )
 
 

@@ -25,7 +25,6 @@ from steersman.control.core.qoe import qoe
 from steersman.control.core.qoe_rule import EXPECTED_PACE, EXPECTED_TTFT, knobs_as_extra
 from steersman.control.core.records import EventRecord, RequestRecord
 from steersman.control.core.scheduler import Assignment, Outcome, Report, Scheduler
-from steersman.control.core.settings import QoeSettings
 from steersman.control.serve.answer import streamable
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.intake import (
@@ -38,6 +37,7 @@ from steersman.control.serve.intake import (
 )
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor, request_context
+from steersman.control.serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -60,38 +60,34 @@ class Steersman:
         instances: list[Instance],
         predictor: Predictor,
         scheduler: Scheduler,
+        settings: Settings,
         *,
         record: Record,
         metrics: Metrics,
-        queue_timeout_s: float = 120.0,
-        retries: int = 1,
-        health_failures: int = 1,
-        store_prompts: bool = True,
-        max_tokens_is_length: bool = False,
         telemetry: Callable[[], Mapping[str, Any]] = dict,
         tokenize: Callable[[str], Sequence[int]] | None = None,
         on_hot_update: Callable[[str], None] | None = None,
-        qoe: QoeSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """``settings``: the tree; the shell reads its ``service`` and ``qoe`` sections, and
+        whether the history keeps prompts (``storage``) and how ``max_tokens`` reads
+        (``predictor``). The rest are its collaborators and its clocks."""
         if not instances:
             raise ValueError("steersman needs at least one instance")
         self.instances = {i.name: i for i in instances}
         self.predictor = predictor
         self.scheduler = scheduler
-        self.health_failures = health_failures
+        self.settings = settings
         self.record = record
         self.metrics = metrics
-        self.queue_timeout_s = queue_timeout_s
-        self.retries = retries
-        self.store_prompts = store_prompts
+        self.store_prompts = settings.storage.store_prompts
         # Replays set max_tokens to the true length: then it is neither a hint nor a cut-off.
-        self.max_tokens_is_length = max_tokens_is_length
+        self.max_tokens_is_length = settings.predictor.max_tokens_is_length
         self.telemetry = telemetry
         self.tokenize = tokenize  # the served model's tokenizer: prompts' prefixes for the core
         self.on_hot_update = on_hot_update
-        self.qoe = qoe if qoe is not None else QoeSettings()
+        self.qoe = settings.qoe
         self.clock = clock
         self._wall_offset = wall() - clock()
         self._waiters: dict[str, asyncio.Future[Assignment]] = {}
@@ -185,7 +181,9 @@ class Steersman:
         self._waiters[job.request_id] = future
         self.pump()
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.queue_timeout_s)
+            return await asyncio.wait_for(
+                asyncio.shield(future), self.settings.service.queue_timeout_s
+            )
         except (TimeoutError, asyncio.CancelledError) as exc:
             self._waiters.pop(job.request_id, None)
             granted = future.done() and not future.cancelled()
@@ -196,7 +194,7 @@ class Steersman:
             self.pump()
             if isinstance(exc, TimeoutError):
                 raise QueueTimeout(
-                    f"no instance had room within {self.queue_timeout_s:g} s"
+                    f"no instance had room within {self.settings.service.queue_timeout_s:g} s"
                 ) from None
             raise
 
@@ -246,7 +244,7 @@ class Steersman:
                         yield event.data
             except InstanceUnavailable as exc:
                 self.mark(instance, False, str(exc))
-                if not streamed and job.retries < self.retries:
+                if not streamed and job.retries < self.settings.service.retries:
                     job.retries += 1
                     self.metrics.retries.inc()
                     log.info("request %s: retrying after %s", job.request_id, exc)
@@ -430,7 +428,7 @@ class Steersman:
             instance.failed_probes = 0 if ok else instance.failed_probes + 1
             if ok:
                 self.mark(instance, True, "/health answered")
-            elif instance.failed_probes >= self.health_failures:
+            elif instance.failed_probes >= self.settings.service.health_failures:
                 self.mark(
                     instance, False, f"/health failed {instance.failed_probes} times in a row"
                 )

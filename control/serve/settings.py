@@ -17,6 +17,7 @@ from steersman.control.serve.sections import (
     InstanceSettings,
     JobsSettings,
     PredictorSettings,
+    ServiceSettings,
 )
 from steersman.dashboard.settings import DashboardSettings
 from steersman.storage.engine import mask_url
@@ -24,6 +25,12 @@ from steersman.storage.settings import StorageSettings
 from steersman.telemetry.settings import TelemetrySettings
 
 ENV_PREFIX = "STEERSMAN_"
+MOVED = [
+    ("dispatch", "queue_timeout_s"),
+    ("gateway", "retries"),
+    ("gateway", "health_failures"),
+    ("gateway", "health_interval_s"),
+]
 ENV_DELIMITER = "__"
 
 
@@ -75,6 +82,10 @@ class Settings(BaseSettings):
     )
     gateway: GatewaySettings = Field(
         default_factory=GatewaySettings, description="The OpenAI-compatible HTTP gateway."
+    )
+    service: ServiceSettings = Field(
+        default_factory=ServiceSettings,
+        description="Queueing, retries and instance health, for the gateway and the picker.",
     )
     epp: EppSettings = Field(
         default_factory=EppSettings, description="The endpoint picker behind Envoy."
@@ -134,6 +145,17 @@ class Settings(BaseSettings):
             seen.setdefault(label, k)
             named.append(spec if spec.name else spec.model_copy(update={"name": label}))
         return named
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """Fields that moved to the section of the part they drive are named where they went."""
+        if isinstance(data, dict):
+            for section, name in MOVED:
+                old = data.get(section)
+                if isinstance(old, dict) and name in old:
+                    raise ValueError(f"{section}.{name} is now service.{name}")
+        return data
 
     @model_validator(mode="after")
     def _picked_servers_have_urls(self) -> Settings:

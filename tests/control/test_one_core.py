@@ -15,6 +15,7 @@ from steersman.control.serve.instances import Instance
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
 from steersman.control.serve.service import Steersman
+from steersman.control.serve.settings import load_settings
 from steersman.control.sim.driver import CoreDriver
 from steersman.control.sim.engine import SimRequest
 from steersman.control.sim.profiles import StepModel, load_profile
@@ -150,13 +151,14 @@ def drive_daemon() -> Recording:
             Instance(b.name, b, LatencyModel(STEP, warmup=10**9), cap=1)  # type: ignore[arg-type]
             for b in backends
         ]
+        settings = load_settings(None, {"predictor": {"max_tokens_is_length": True}}, environ={})
         svc = Steersman(
             instances,
             Predictor(batcher, deadline_s=60.0),
             core,
+            settings,
             record=lambda table, row: None,
             metrics=Metrics(),
-            max_tokens_is_length=True,
             clock=clock,
         )
         tasks: dict[str, asyncio.Task] = {}

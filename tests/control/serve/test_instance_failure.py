@@ -53,7 +53,8 @@ def test_sigkill_one_server_under_load(vllm_servers, tiny_model, tmp_path):
     settings = settings_for(
         tmp_path,
         instances,
-        gateway={"health_interval_s": 0.5, "read_timeout_s": 30},
+        gateway={"read_timeout_s": 30},
+        service={"health_interval_s": 0.5},
         dispatch={"policy": "round-robin"},  # the victim surely gets its share
         predictor={"tokenizer_dir": str(tiny_model)},
     )

@@ -16,7 +16,9 @@ from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
+from steersman.control.serve.sections import ServiceSettings
 from steersman.control.serve.service import COMPLETE, NoInstance, Steersman
+from steersman.control.serve.settings import load_settings
 from steersman.control.sim.profiles import load_profile
 from steersman.learners.corrector import LengthCorrector
 from steersman.learners.latency import LatencyModel, StepCoefficients
@@ -49,8 +51,14 @@ def service(
     predictor: Predictor | None = None,
     **kw,
 ) -> tuple[Steersman, Recorder]:
-    """A shell with its own core; ``kw`` names dispatch settings or the shell's own options."""
+    """A shell with its own core; ``kw`` names dispatch or service settings, or the shell's own
+    collaborators."""
     dispatch = {k: kw.pop(k) for k in list(kw) if k in DispatchSettings.model_fields}
+    shell = {k: kw.pop(k) for k in list(kw) if k in ServiceSettings.model_fields}
+    qoe = kw.pop("qoe", None)
+    settings = load_settings(None, {"service": shell}, environ={})
+    if qoe is not None:
+        settings = settings.model_copy(update={"qoe": qoe})
     core = Scheduler(
         DispatchSettings(**dispatch),
         controller or ControllerSettings(),
@@ -58,7 +66,7 @@ def service(
     )
     record = Recorder()
     svc = Steersman(
-        instances, predictor or Predictor(), core, record=record, metrics=Metrics(), **kw
+        instances, predictor or Predictor(), core, settings, record=record, metrics=Metrics(), **kw
     )
     return svc, record
 

@@ -178,3 +178,19 @@ def test_the_endpoint_picker_refuses_a_simulated_instance_naming_it(tmp_path):
     message = str(refused.value)
     assert message.startswith("config error")
     assert "instances[0].sim = 'cpu-tiny'" in message and "url" in message
+
+
+@pytest.mark.parametrize(
+    ("tables", "moved"),
+    [
+        ("[gateway]\nretries = 2\n", "gateway.retries is now service.retries"),
+        (
+            "[dispatch]\nqueue_timeout_s = 5\n",
+            "dispatch.queue_timeout_s is now service.queue_timeout_s",
+        ),
+    ],
+)
+def test_a_field_that_moved_to_the_service_section_is_named_where_it_went(tmp_path, tables, moved):
+    with pytest.raises(ConfigError, match=moved):
+        load_settings(_toml(tmp_path, tables), environ={})
+    assert load_settings(None, {"service": {"retries": 2}}, environ={}).service.retries == 2
