@@ -166,7 +166,9 @@ class Daemon:
 
     def event(self, kind: str, reason: str, details: dict[str, Any]) -> None:
         log.info("%s: %s", kind, reason)
-        self.service.write(EventRecord(self.service.clock(), kind, reason, details=details))
+        self.service.accounts.write(
+            EventRecord(self.service.clock(), kind, reason, details=details)
+        )
 
     def _hot_update(self, reason: str) -> None:
         if self.settings.jobs.retrain_on_fallback:

@@ -1,4 +1,5 @@
-"""The daemon's shell around the scheduling core: intake, waiting, streaming and outcomes.
+"""The daemon's shell around the scheduling core: intake, waiting, streaming; outcomes go to
+its ``Accounts`` (``control/serve/accounting.py``).
 
 ``Steersman`` does the loop's I/O (backends, the history, metrics); every decision is the core's:
 ``scheduler.add`` at intake, ``scheduler.schedule`` whenever something changed (an arrival, an
@@ -12,7 +13,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from steersman.control.backends.base import (
@@ -21,17 +21,16 @@ from steersman.control.backends.base import (
     GenerationResult,
     InstanceUnavailable,
 )
-from steersman.control.core.qoe import qoe
 from steersman.control.core.qoe_rule import EXPECTED_PACE, EXPECTED_TTFT, knobs_as_extra
-from steersman.control.core.records import EventRecord, RequestRecord
-from steersman.control.core.scheduler import Assignment, Outcome, Report, Scheduler
+from steersman.control.core.records import EventRecord
+from steersman.control.core.scheduler import Assignment, Scheduler
+from steersman.control.serve.accounting import Accounts, Record
 from steersman.control.serve.answer import streamable
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.intake import (
     Job,
     make_job,
     max_tokens_of,
-    sha256,
     streamed,
     text_of,
 )
@@ -41,7 +40,6 @@ from steersman.control.serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Record = Callable[[str, dict[str, Any]], None]
 COMPLETE: Final = object()  # ends a complete answer's chunks (``Steersman.run``)
 Chunk = dict[str, Any] | object
 
@@ -79,17 +77,17 @@ class Steersman:
         self.predictor = predictor
         self.scheduler = scheduler
         self.settings = settings
-        self.record = record
         self.metrics = metrics
+        self.accounts = Accounts(
+            scheduler, settings, record=record, metrics=metrics,
+            on_hot_update=on_hot_update, clock=clock, wall=wall,
+        )  # fmt: skip
         self.store_prompts = settings.storage.store_prompts
-        # Replays set max_tokens to the true length: then it is neither a hint nor a cut-off.
         self.max_tokens_is_length = settings.predictor.max_tokens_is_length
         self.telemetry = telemetry
         self.tokenize = tokenize  # the served model's tokenizer: prompts' prefixes for the core
-        self.on_hot_update = on_hot_update
         self.qoe = settings.qoe
         self.clock = clock
-        self._wall_offset = wall() - clock()
         self._waiters: dict[str, asyncio.Future[Assignment]] = {}
         self._closing: set[asyncio.Future[None]] = set()
         self.no_kv_capacity: set[str] = set()  # instances admitted by max_in_flight alone
@@ -141,27 +139,14 @@ class Steersman:
         if job is not None:
             self._close(job, error=reason)
             return
-        text, _ = text_of(kind, body)
-        now = self.clock()
-        self.metrics.requests.labels("none", "none", "error").inc()
-        self.write(
-            RequestRecord(
-                request_id,
-                now,
-                finished_at=now,
-                mode=self.scheduler.state.mode,
-                prompt_sha256=sha256(text),
-                prompt_text=text if self.store_prompts else None,
-                error=reason,
-            )
-        )
+        self.accounts.refuse(request_id, kind, body, reason)
 
     # -- scheduling ------------------------------------------------------------------------------
 
     def pump(self) -> None:
         """Let the core hand waiting requests to instances; wake their callers."""
         now = self.clock()
-        self.apply(self.scheduler.tick(now))  # FALLBACK may have run out
+        self.accounts.apply(self.scheduler.tick(now))  # FALLBACK may have run out
         started = time.perf_counter()
         states = [i.state() for i in self.instances.values()]
         assignments = self.scheduler.schedule(states, now)
@@ -306,102 +291,14 @@ class Steersman:
     ) -> None:
         """Hand the outcome to the core, learn, record the row. Never raises."""
         try:
-            self._account(job, instance, result, error)
-        except Exception:
-            log.exception("request %s: accounting failed", job.request_id)
+            self.accounts.close(job, instance, result, error)
         finally:
             self.pump()
-
-    def _account(
-        self,
-        job: Job,
-        instance: Instance | None,
-        result: GenerationResult | None,
-        error: str | None,
-    ) -> None:
-        now = self.clock()
-        rec, a = job.record, job.assignment
-        rec.finished_at, rec.error = now, error
-        if a is not None:
-            rec.instance, rec.policy, rec.mode = a.instance, a.policy, a.mode
-        else:
-            rec.mode = self.scheduler.state.mode
-        if result is not None:
-            rec.dispatched_at = result.started_at
-            rec.first_token_at, rec.finish_reason = result.first_token_at, result.finish_reason
-            rec.prompt_tokens = result.prompt_tokens or rec.prompt_tokens
-            rec.cached_tokens = result.cached_tokens
-        actual = result.completion_tokens if result is not None and error is None else None
-        if actual is None or result is None:
-            self.scheduler.abort(job.request_id)
-        else:
-            self._learn(job, instance, result, actual)
-        if a is not None:
-            self.metrics.in_flight.labels(a.instance).set(self.scheduler.in_flight(a.instance))
-        outcome = "ok" if actual is not None else "error"
-        self.metrics.requests.labels(rec.policy or "none", rec.instance or "none", outcome).inc()
-        self.write(rec)
-
-    def _learn(
-        self, job: Job, instance: Instance | None, result: GenerationResult, actual: int
-    ) -> None:
-        rec = job.record
-        cut_off = result.finish_reason == "length" and not self.max_tokens_is_length
-        report = self.scheduler.finish(job.request_id, Outcome(actual, cut_off), self.clock())
-        rec.scored(actual)
-        rec.miss = report.miss
-        rec.ttft_s = (
-            None if result.first_token_at is None else result.first_token_at - rec.received_at
-        )
-        rec.e2e_s = None if result.finished_at is None else result.finished_at - rec.received_at
-        rec.tpot_s = result.tpot
-        relative = [(t - rec.received_at, n) for t, n in result.token_times]
-        ttft_goal = rec.expected_ttft_s or self.qoe.expected_ttft_s
-        pace_goal = rec.expected_pace_s or self.qoe.expected_pace_s
-        rec.qoe = qoe(relative, actual, expected_ttft=ttft_goal, expected_pace=pace_goal)
-        if rec.rel_error is not None:
-            self.metrics.error_ratio.labels(job.prediction.path).observe(rec.rel_error)
-        if rec.ttft_s is not None:
-            self.metrics.ttft.observe(rec.ttft_s)
-        if rec.e2e_s is not None:
-            self.metrics.e2e.observe(rec.e2e_s)
-        if instance is not None and job.assignment is not None:
-            # The clock it decoded at: its GPU's readings since its first token.
-            x = {"running": job.assignment.running + 1, **instance.gpu(result.first_token_at)}
-            instance.latency.learn_one(x, result.tpot)
-            instance.refresh()
-        self.apply(report)
-
-    def apply(self, report: Report) -> None:
-        """Adopt what the controller did: events to SQL, metrics, the hot model update."""
-        if not report.events and report.miss is None:
-            return
-        state = self.scheduler.state
-        for event in report.events:
-            self.write(EventRecord.of(event, self.clock()))
-            if event.kind == "mode":
-                log.warning(
-                    "controller: %s -> %s: %s", event.from_mode, event.to_mode, event.reason
-                )
-                if event.to_mode == "FALLBACK":
-                    self.metrics.fallbacks.inc()
-            elif event.request_class and event.details:
-                for param in ("a", "b"):
-                    self.metrics.compensation.labels(event.request_class, param).set(
-                        event.details[param]
-                    )
-        self.metrics.set_mode(state.mode)
-        self.metrics.miss_streak.set(state.streak)
-        if report.hot_update and self.on_hot_update is not None:
-            self.on_hot_update("fallback")
 
     def tick(self) -> None:
         """Time passing for the controller (FALLBACK expiry with no traffic), and a chance for
         waiting requests to go where the load changed."""
         self.pump()
-
-    def write(self, record: EventRecord | RequestRecord) -> None:
-        self.record(record.table, record.row(self._dt))
 
     # -- instance health -----------------------------------------------------------------------
 
@@ -413,8 +310,8 @@ class Steersman:
         word = "readmitted" if healthy else "marked down"
         log.warning("instance %s %s: %s", instance.name, word, reason)
         details = {"instance": instance.name, "healthy": healthy}
-        self.write(EventRecord(self.clock(), "instance", f"{instance.name} {word}: {reason}",
-                               details=details))  # fmt: skip
+        why = f"{instance.name} {word}: {reason}"
+        self.accounts.write(EventRecord(self.clock(), "instance", why, details=details))
         if healthy:
             self.pump()
 
@@ -434,6 +331,3 @@ class Steersman:
                 )
 
         await asyncio.gather(*(one(i) for i in self.instances.values()))
-
-    def _dt(self, mono: float | None) -> datetime | None:
-        return None if mono is None else datetime.fromtimestamp(mono + self._wall_offset, UTC)
