@@ -35,6 +35,7 @@ class Suite(StrEnum):
 class RealWorkload(StrEnum):
     burst = "burst"
     multiturn = "multiturn"
+    envoy = "envoy"  # the burst, through the gateway and through Envoy + steersman's picker
 
 
 class Lengths(StrEnum):
@@ -115,8 +116,9 @@ def bench_command(
     real_workload: Annotated[
         RealWorkload,
         typer.Option(
-            help="real: a burst of independent prompts, or multi-turn chats that resend their "
-            "history (prefix-aware policies compared)."
+            help="real: a burst of independent prompts, multi-turn chats that resend their "
+            "history (prefix-aware policies compared), or the burst through the gateway and "
+            "through a real Envoy with steersman as its endpoint picker (envoy)."
         ),
     ] = RealWorkload.burst,
     vllm_python: Annotated[
@@ -413,6 +415,7 @@ def _real_suite(
     from steersman.control.harness import plots
     from steersman.control.harness.bench_real import (
         MULTITURN,
+        THROUGH_ENVOY,
         VARIANTS,
         burst_workload,
         multiturn_workload,
@@ -422,11 +425,13 @@ def _real_suite(
 
     if workload is RealWorkload.multiturn:
         items, policies = multiturn_workload(counter, n, seconds, seed), list(MULTITURN)
+    elif workload is RealWorkload.envoy:
+        items, policies = burst_workload(counter, n, seconds, seed), list(THROUGH_ENVOY)
     else:
         items, policies = burst_workload(counter, n, seconds, seed), list(VARIANTS)
     run_dir = settings.data_dir / "bench" / f"{datetime.now(UTC):%Y%m%d-%H%M%S}"
     args = DemoConfig.server_args
-    if workload is RealWorkload.burst:  # memory-bound, as on a GPU; chats keep a whole cache
+    if workload is not RealWorkload.multiturn:  # memory-bound, as on a GPU; chats keep it all
         args = (*args, "--num-gpu-blocks-override", str(blocks))
     config = DemoConfig("vllm", run_dir, model_dir, length_model, vllm_python, server_args=args)
     runs = run_real(config, settings, items, policies, repeats)
@@ -441,6 +446,6 @@ def _real_suite(
         "requests": len(items),
         "seconds": seconds,
         "repeats": repeats,
-        "kv_blocks": blocks if workload is RealWorkload.burst else None,
+        "kv_blocks": blocks if workload is not RealWorkload.multiturn else None,
         "runs": [{k: v for k, v in r.items() if not k.endswith("_all")} for r in runs],
     }

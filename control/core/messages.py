@@ -63,6 +63,7 @@ class Arrival:
     prefix: tuple[int, ...] = ()  # the prompt's segment hashes (core.prefix)
     segment_tokens: int = 0
     expected_ttft_s: float | None = None  # its reader's (core.qoe_rule): queued by that deadline
+    candidates: frozenset[str] | None = None  # the instances it may go to (None: any)
 
 
 @dataclass(frozen=True, slots=True)

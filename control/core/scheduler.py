@@ -242,6 +242,8 @@ class Scheduler:
                 offered = [
                     v if ok else replace(v, room=False) for v, ok in zip(views, room, strict=True)
                 ]
+            if a.candidates is not None:  # a gateway's subset: the others are not offered
+                offered = [v if v.name in a.candidates else replace(v, room=False) for v in offered]
             if any(cached):
                 offered = [
                     replace(v, cached_tokens=c) if c else v

@@ -21,6 +21,7 @@ from steersman.control.harness.demo import (
     MAX_MODEL_LEN,
     DemoConfig,
     daemon_settings,
+    front_door,
     history_summary,
     instances,
     run_replay,
@@ -56,6 +57,8 @@ BASELINES: dict[str, dict[str, Any]] = {
     },
 }
 MULTITURN = ("round-robin", "least-load", "prefix-affinity", "steersman")
+# Behind a real Envoy, steersman as its endpoint picker: "<policy>@envoy" beside "<policy>".
+THROUGH_ENVOY = ("least-load", "steersman", "least-load@envoy", "steersman@envoy")
 METRICS = (
     "e2e_mean_s",
     "e2e_p50_s",
@@ -118,21 +121,26 @@ def run_real(
     with instances(config) as specs:
         for repeat in range(repeats):
             for policy in policies:
-                chosen = {**VARIANTS, **BASELINES}[policy]
+                name, _, front = policy.partition("@")
+                chosen = {**VARIANTS, **BASELINES}[name]
                 variant = {k: v for k, v in chosen.items() if k not in ("stock", "predictions")}
                 stock = chosen.get("stock", False)
                 predictions = chosen.get("predictions", True)
                 run_specs = [
                     {**s, "priority": not stock, "predictions": predictions} for s in specs
                 ]
-                run_config = replace(config, run_dir=config.run_dir / f"{policy}-{repeat}")
+                run_dir = config.run_dir / f"{name}-{front or 'gateway'}-{repeat}"
+                run_config = replace(config, run_dir=run_dir, front=front or "gateway")
                 run_config.run_dir.mkdir(parents=True, exist_ok=True)
+                if front == "envoy":
+                    variant = {**variant, "epp": {"enabled": True, "port": 0}}
                 settings = daemon_settings(run_config, run_specs, base, variant)
                 urls = [s["url"] for s in specs if "url" in s]
                 before = prefix_counters(urls) if urls else (0.0, 0.0)
                 salt = {"cache_salt": f"{policy}-{repeat}"}
-                with serving(Daemon(settings)) as url:
-                    outcomes, wall = run_replay(url, items, extra_body=salt)
+                daemon = Daemon(settings)
+                with serving(daemon) as url, front_door(run_config, daemon, specs) as door:
+                    outcomes, wall = run_replay(door or url, items, extra_body=salt)
                 after = prefix_counters(urls) if urls else (0.0, 0.0)
                 looked_up, found = after[0] - before[0], after[1] - before[1]
                 summary = summarize_run(outcomes, wall, history_summary(settings.database_url))

@@ -179,6 +179,11 @@ def ratios(runs: list[dict[str, Any]]) -> str:
         got = [f"{m} {_ratio(by[name].get(m), base.get(m))}" for m in RATIOS]
         parts.append(f"{name}: " + ", ".join(got))
     text = "Ratios to least-load: " + "; ".join(parts) + "."
+    if "least-load@envoy" in by and "steersman@envoy" in by:
+        envoy, mine = by["least-load@envoy"], by["steersman@envoy"]
+        got = [f"{m} {_ratio(mine.get(m), envoy.get(m))}" for m in RATIOS]
+        text += " Behind Envoy, steersman as its picker, to least-load behind Envoy: "
+        text += ", ".join(got) + "."
     for other in ("prefix-affinity", "round-robin"):
         if other in by and "steersman" in by and by[other].get("prefix_hit_rate"):
             got = [
@@ -301,7 +306,11 @@ REAL = (
 
 def real_section(real: dict[str, Any]) -> list[str]:
     multiturn = real.get("workload") == "multiturn"
-    if multiturn:
+    if real.get("workload") == "envoy":
+        title = f"a burst of {real['requests']} requests in {real['seconds']:g} s, behind Envoy too"
+        setup = (f"{real['kv_blocks']} KV blocks of 128 tokens each; `@envoy`: through a real "
+                 "Envoy, steersman as its endpoint picker, the same daemon otherwise")  # fmt: skip
+    elif multiturn:
         title = f"multi-turn chats, {real['requests']} turns in about {real['seconds']:g} s"
         setup = "each turn resending its history; prefix hit from the servers' own counters"
     else:

@@ -221,7 +221,9 @@ def summarize_run(outcomes: list[Replayed], wall_s: float, history: dict[str, An
 
 
 @contextlib.contextmanager
-def _front(config: DemoConfig, daemon: Daemon, specs: list[dict[str, Any]]) -> Iterator[str | None]:
+def front_door(
+    config: DemoConfig, daemon: Daemon, specs: list[dict[str, Any]]
+) -> Iterator[str | None]:
     """Envoy in front of the servers with steersman as its endpoint picker, or nothing (the
     gateway is the front)."""
     if config.front != "envoy":
@@ -247,7 +249,7 @@ def run_demo(
         extra = {"epp": {"enabled": True, "port": 0}} if envoy else None
         settings = daemon_settings(config, specs, base, extra)
         daemon = Daemon(settings)
-        with serving(daemon) as url, _front(config, daemon, specs) as front_url:
+        with serving(daemon) as url, front_door(config, daemon, specs) as front_url:
             if on_serving is not None:
                 on_serving(daemon)
             outcomes, wall = run_replay(front_url or url, items, on_outcome)

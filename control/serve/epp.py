@@ -29,7 +29,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from pydantic import ValidationError
@@ -51,6 +51,24 @@ _KINDS = {
     "/v1/chat/completions": ("chat", ChatBody),
 }
 SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+SUBSET = "x-gateway-destination-endpoint-subset"
+
+
+def _subset(message: pb.ProcessingRequest, headers: dict[str, str]) -> list[str] | None:
+    """The endpoints the gateway allows for this request (GIE's subset hint, in the
+    ``envoy.lb.subset_hint`` metadata or as a header of the same name); None: any."""
+    hint = message.metadata_context.filter_metadata.get("envoy.lb.subset_hint")
+    if hint is not None and SUBSET in hint.fields:
+        listed = json_format.MessageToDict(hint).get(SUBSET)
+        if isinstance(listed, list):
+            return [str(e) for e in listed]
+        if isinstance(listed, str):
+            return [e.strip() for e in listed.split(",") if e.strip()]
+    if SUBSET in headers:
+        return [e.strip() for e in headers[SUBSET].split(",") if e.strip()]
+    return None
 
 
 def _request_id(kind: str, envoy_id: str) -> str:
@@ -221,6 +239,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self, requests: AsyncIterator[pb.ProcessingRequest], context: Any
     ) -> AsyncIterator[pb.ProcessingResponse]:
         headers: dict[str, str] = {}
+        subset: list[str] | None = None
         body = b""
         duplex = True
         observed = False  # the response is read by another stream (Envoy's observing filter)
@@ -236,6 +255,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     continue
                 if phase == "request_headers":
                     headers = _headers(message.request_headers)
+                    subset = _subset(message, headers)
                     if message.HasField("protocol_config"):
                         modes = message.protocol_config
                         duplex = modes.request_body_mode == _Mode.FULL_DUPLEX_STREAMED
@@ -254,7 +274,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     if not message.request_body.end_of_stream:
                         continue
                     try:
-                        leg, run = await self._pick(headers, body)
+                        leg, run = await self._pick(headers, body, subset)
                     except Refused as exc:
                         yield _refusal(exc)
                         return
@@ -322,9 +342,10 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         return _routed(backend.address, body, duplex)
 
     async def _pick(
-        self, headers: dict[str, str], raw: bytes
+        self, headers: dict[str, str], raw: bytes, subset: list[str] | None = None
     ) -> tuple[Leg | None, asyncio.Task[None] | None]:
-        """The request through intake and the core, until an instance takes it."""
+        """The request through intake and the core, until an instance takes it (one of
+        ``subset``'s, the endpoints the gateway allows, when it names some)."""
         path = headers.get(":path", "").split("?")[0]
         if path not in _KINDS or headers.get(":method", "POST") != "POST":
             return None, None
@@ -356,7 +377,16 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             except BadHeader as exc:
                 service.refuse(request_id, kind, data, str(exc))
                 raise Refused(400, str(exc), "invalid_request_error", exc.header) from None
-        job = await service.prepare(request_id, kind, data, expectation)
+        candidates = None
+        if subset is not None:
+            by_address = {i.backend.address: i.name for i in service.instances.values()
+                          if isinstance(i.backend, Routed)}  # fmt: skip
+            candidates = frozenset(by_address[a] for a in subset if a in by_address)
+            if not candidates:
+                why = f"none of the endpoints the gateway allows ({', '.join(subset)}) is known"
+                service.refuse(request_id, kind, data, why)
+                raise Refused(503, f"no instance could serve the request: {why}", "server_error")
+        job = await service.prepare(request_id, kind, data, expectation, candidates)
         try:
             check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
         except ApiError as exc:

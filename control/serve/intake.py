@@ -134,13 +134,14 @@ def make_job(
     model_version: str | None,
     expectation: tuple[float, float] = (1.0, 0.2),
     queue_by_ttft: bool = False,
+    candidates: frozenset[str] | None = None,
 ) -> Job:
     """The request as the core sees it (``Arrival``) and as the history will (``RequestRecord``).
 
     ``text`` is what the length model read (``text_of``). With ``max_tokens_is_length``
     (replays), ``max_tokens`` is the true length, not a cap. ``expectation``: its reader's
     (TTFT, pace); with ``queue_by_ttft`` (streamed QoE on) it waits in the queue by when its
-    first token is due.
+    first token is due. ``candidates``: the instances it may go to (a gateway's subset).
     """
     max_tokens = max_tokens_of(body)
     ids = token_ids(kind, body, tokenize)
@@ -154,6 +155,7 @@ def make_job(
         prefix=token_segments(ids, SEGMENT_TOKENS),
         segment_tokens=SEGMENT_TOKENS,
         expected_ttft_s=expectation[0] if queue_by_ttft else None,
+        candidates=candidates,
     )
     record = RequestRecord(
         request_id,

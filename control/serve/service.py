@@ -103,8 +103,10 @@ class Steersman:
         kind: str,
         body: dict[str, Any],
         expectation: tuple[float, float] | None = None,
+        candidates: frozenset[str] | None = None,
     ) -> Job:
-        """``expectation``: the client's (TTFT, pace) for its reader; its class's otherwise."""
+        """``expectation``: the client's (TTFT, pace) for its reader; its class's otherwise.
+        ``candidates``: the instances it may go to (None: any)."""
         received = self.clock()
         text, turns = text_of(kind, body)
         cap = None if self.max_tokens_is_length else max_tokens_of(body)
@@ -124,6 +126,7 @@ class Steersman:
             model_version=self.predictor.model_version,
             expectation=expectation or self.qoe.expectation(p.request_class),
             queue_by_ttft=self.qoe.enabled and streamed(body),
+            candidates=candidates,
         )
 
     def refuse(

@@ -189,3 +189,12 @@ def test_another_replicas_requests_count_against_the_cap():
     busy = InstanceState("a", cap=4, others=4)
     assert placed(s, busy) == []
     assert placed(s, InstanceState("a", cap=4, others=3)) == ["r1"]
+
+
+def test_a_request_with_candidates_goes_only_to_one_of_them():
+    s = core(admission="count")
+    s.add(Arrival("r1", 10, {"base_tokens": 10.0}, candidates=frozenset({"b"})), 0.0)
+    a, b = InstanceState("a", cap=4), InstanceState("b", cap=4, others=1)  # a is less loaded
+    assert [x.instance for x in s.schedule([a, b], 0.0)] == ["b"]
+    s.add(Arrival("r2", 10, {"base_tokens": 10.0}, candidates=frozenset({"b"})), 0.0)
+    assert s.schedule([a, InstanceState("b", cap=1, others=1)], 0.0) == []  # waits for b

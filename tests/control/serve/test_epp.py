@@ -11,6 +11,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from steersman.control.backends.vllm_server import free_port
@@ -117,3 +118,27 @@ def test_a_request_steersman_sheds_is_a_429_in_openai_shape(tmp_path):
     assert shed.immediate_response.status.code == 429
     error = json.loads(shed.immediate_response.body)["error"]
     assert error["type"] == "rate_limit_error" and "capacity" in error["message"]
+
+
+def _pick(channel, headers: pb.ProcessingRequest) -> pb.ProcessingResponse:
+    body = json.dumps({"model": "m", "prompt": "Hello", "max_tokens": 2}).encode()
+    return _exchange(channel, [headers, _body(body)])[0]
+
+
+def _endpoint(response: pb.ProcessingResponse) -> str:
+    return response.dynamic_metadata["envoy.lb"]["x-gateway-destination-endpoint"]
+
+
+def test_the_gateways_subset_hint_bounds_the_pick(channel):
+    only = SERVERS[1]
+    for k in range(4):  # in metadata, as GIE's protocol has it
+        asked = _headers("/v1/completions", **{"x-request-id": f"m{k}"})
+        hint = struct_pb2.Struct()
+        hint.update({"x-gateway-destination-endpoint-subset": [only]})
+        asked.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+        assert _endpoint(_pick(channel, asked)) == only
+    header = {"x-request-id": "h1", "x-gateway-destination-endpoint-subset": SERVERS[0]}
+    assert _endpoint(_pick(channel, _headers("/v1/completions", **header))) == SERVERS[0]
+    unknown = {"x-request-id": "u1", "x-gateway-destination-endpoint-subset": "10.9.9.9:1"}
+    refused = _pick(channel, _headers("/v1/completions", **unknown)).immediate_response
+    assert refused.status.code == 503 and b"10.9.9.9:1" in refused.body
