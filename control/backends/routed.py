@@ -1,4 +1,5 @@
-"""An instance that a gateway in front (Envoy) carries the bytes to, steersman only picking it.
+"""An instance that a gateway in front (Envoy) carries the bytes to, steersman only picking it
+(a request that came through steersman's own gateway is streamed direct, as always).
 
 The loop is the same as for an instance steersman streams from itself: the core dispatches the
 request to the instance, the service "streams" it, learns from its outcome and records it. Here
@@ -81,8 +82,10 @@ class Routed:
         self, request: GenerationRequest, result: GenerationResult
     ) -> AsyncIterator[StreamEvent]:
         leg = self.legs.get(request.request_id)
-        if leg is None:
-            raise BackendError(f"{self.name}: no gateway holds request {request.request_id}")
+        if leg is None:  # it came through steersman's own gateway: steersman carries the bytes
+            async for event in self.direct.stream(request, result):
+                yield event
+            return
         if not leg.picked.done():
             leg.picked.set_result((self, request))
         while (item := await self._next(leg)) is not END:

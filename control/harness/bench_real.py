@@ -137,7 +137,8 @@ def run_real(
                 settings = daemon_settings(run_config, run_specs, base, variant)
                 urls = [s["url"] for s in specs if "url" in s]
                 before = prefix_counters(urls) if urls else (0.0, 0.0)
-                salt = {"cache_salt": f"{policy}-{repeat}"}
+                salt = {"cache_salt": f"{name}-{front or 'gateway'}-{repeat}"}  # vLLM refuses '@'
+
                 daemon = Daemon(settings)
                 with serving(daemon) as url, front_door(run_config, daemon, specs) as door:
                     outcomes, wall = run_replay(door or url, items, extra_body=salt)

@@ -39,15 +39,11 @@ def picker(vllm_servers, tiny_model, tmp_path):
         epp={"enabled": True, "port": 0},
         gateway={"max_body_bytes": 4096},
     )
-    with running(settings) as (daemon, _):
+    with running(settings) as (daemon, url):
         servers = [_address(s.url) for s in vllm_servers]
-        yield (
-            settings,
-            daemon,
-            lambda **kw: EnvoyProxy(
-                f"127.0.0.1:{daemon.epp_port}", servers, tmp_path / "envoy", **kw
-            ),
-        )
+        picked = f"127.0.0.1:{daemon.epp_port}"
+        proxy = lambda **kw: EnvoyProxy(picked, servers, tmp_path / "envoy", **kw)  # noqa: E731
+        yield settings, daemon, proxy, url  # url: the same loop's own gateway
 
 
 @pytest.mark.parametrize(
@@ -56,16 +52,23 @@ def picker(vllm_servers, tiny_model, tmp_path):
     ids=["full-duplex", "buffered", "observed-answers"],
 )
 def test_openai_client_through_envoy_and_the_picker(picker, mode):
-    settings, daemon, proxy = picker
+    settings, daemon, proxy, gateway = picker
     with proxy(**mode) as envoy:
         counts = asyncio.run(_traffic(envoy.url))
+        # The picker's own gateway serves too: steersman carries those bytes itself.
+        direct = httpx.post(
+            f"{gateway}/v1/completions",
+            json={"model": "tiny", "prompt": "Hi", "max_tokens": 5, "ignore_eos": True},
+            timeout=120,
+        )
+    assert direct.status_code == 200 and direct.json()["usage"]["completion_tokens"] == 5
     assert counts == [6, 7, 8, 9, 6, 7, 8, 9]
     engine = make_engine(settings.database_url)
     query = "SELECT instance, actual_tokens, ttft_s, error FROM requests WHERE error IS NULL"
-    wait_until(lambda: len(engine.connect().execute(text(query)).fetchall()) >= 8, timeout=30)
+    wait_until(lambda: len(engine.connect().execute(text(query)).fetchall()) >= 9, timeout=30)
     rows = engine.connect().execute(text(query)).fetchall()
     engine.dispose()
-    assert sorted(r.actual_tokens for r in rows) == sorted(counts)
+    assert sorted(r.actual_tokens for r in rows) == sorted([*counts, 5])
     assert {r.instance for r in rows} <= {"vllm-0", "vllm-1"}
     assert all(r.ttft_s is not None and r.ttft_s > 0 for r in rows)
     # Every request was the core's: none is left in flight once the answers are in.
@@ -108,7 +111,7 @@ BAD = [
 
 @pytest.mark.parametrize(("body", "status", "param"), BAD)
 def test_the_picker_refuses_bad_input_in_openai_shape(picker, body, status, param):
-    _, _, proxy = picker
+    _, _, proxy, _ = picker
     with proxy() as envoy:
         response = httpx.post(
             f"{envoy.url}/v1/completions", content=body, timeout=30,
