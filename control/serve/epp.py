@@ -9,8 +9,8 @@ Endpoint Picker Protocol), and Envoy carries the bytes. The response path (heade
 chunks, observed in ``STREAMED`` mode) feeds the same accounting: first token, tokens, usage,
 the core's ``finish``, the learners and the history.
 
-A request that cannot be served is answered by Envoy with steersman's error in OpenAI's shape:
-429 when the queue is full, 503 when no instance takes it, 400 for a body that is not a request.
+A request that cannot be served is answered by Envoy with steersman's error in OpenAI's shape,
+as the gateway would answer it (``openai_api``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,18 @@ from pydantic import ValidationError
 
 from steersman.control.backends.base import BackendError, StreamBroken, UpstreamRejected
 from steersman.control.backends.routed import END, Leg, Routed
-from steersman.control.core.scheduler import QueueFull
-from steersman.control.serve.gateway import ApiError, check_content, check_window, model_card
 from steersman.control.serve.intake import EXPECTATION_HEADERS, BadHeader, expectation_of
+from steersman.control.serve.openai_api import (
+    ApiError,
+    api_error,
+    check_content,
+    check_window,
+    error_body,
+    model_card,
+)
 from steersman.control.serve.schemas import ChatBody, CompletionBody
 from steersman.control.serve.sections import EppSettings
-from steersman.control.serve.service import QueueTimeout, Steersman
+from steersman.control.serve.service import Steersman
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +82,6 @@ def _request_id(kind: str, envoy_id: str) -> str:
     return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{envoy_id}"
 
 
-class Refused(Exception):
-    """A request Envoy answers itself, with steersman's error."""
-
-    def __init__(self, status: int, message: str, kind: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.param = status, kind, param
-
-
 def _headers(message: pb.HttpHeaders) -> dict[str, str]:
     return {
         h.key.lower(): h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
@@ -91,8 +89,9 @@ def _headers(message: pb.HttpHeaders) -> dict[str, str]:
     }
 
 
-def _refusal(exc: Refused) -> pb.ProcessingResponse:
-    body = {"error": {"message": str(exc), "type": exc.kind, "param": exc.param, "code": None}}
+def _refusal(exc: ApiError) -> pb.ProcessingResponse:
+    """A request Envoy answers itself, with steersman's error."""
+    body = error_body(exc.message, exc.kind, exc.extra.get("param"), exc.extra.get("code"))
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=exc.status),
@@ -269,13 +268,13 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     body += message.request_body.body
                     if len(body) > self.max_body_bytes:
                         limit = f"request body is larger than {self.max_body_bytes} bytes"
-                        yield _refusal(Refused(413, limit, "invalid_request_error"))
+                        yield _refusal(ApiError(413, limit))
                         return
                     if not message.request_body.end_of_stream:
                         continue
                     try:
                         leg, run = await self._pick(headers, body, subset)
-                    except Refused as exc:
+                    except ApiError as exc:
                         yield _refusal(exc)
                         return
                     if leg is None:
@@ -356,19 +355,17 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             data = json.loads(raw)
             check_content(schema.model_validate(data))
         except json.JSONDecodeError:
-            raise Refused(400, "request body is not valid JSON", "invalid_request_error") from None
+            raise ApiError(400, "request body is not valid JSON") from None
         except ValidationError as exc:
             first = exc.errors()[0]
             param = str(first["loc"][0]) if first.get("loc") else None  # a field, not a member
             message = f"{param or 'body'}: {first.get('msg', 'invalid')}"
-            raise Refused(400, message, "invalid_request_error", param) from None
-        except ApiError as exc:
-            raise Refused(exc.status, exc.message, exc.kind, exc.extra.get("param")) from None
+            raise ApiError(400, message, param=param) from None
         try:
             card = model_card(self.models(), data)  # before any prediction runs
         except ApiError as exc:
             service.refuse(request_id, kind, data, exc.message)
-            raise Refused(exc.status, exc.message, exc.kind, exc.extra.get("param")) from None
+            raise
         expectation = None
         if any(name in headers for name in EXPECTATION_HEADERS):
             default = (service.qoe.expected_ttft_s, service.qoe.expected_pace_s)
@@ -376,7 +373,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                 expectation = expectation_of(headers, default)
             except BadHeader as exc:
                 service.refuse(request_id, kind, data, str(exc))
-                raise Refused(400, str(exc), "invalid_request_error", exc.header) from None
+                raise ApiError(400, str(exc), param=exc.header) from None
         candidates = None
         if subset is not None:
             by_address = {i.backend.address: i.name for i in service.instances.values()
@@ -385,13 +382,13 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             if not candidates:
                 why = f"none of the endpoints the gateway allows ({', '.join(subset)}) is known"
                 service.refuse(request_id, kind, data, why)
-                raise Refused(503, f"no instance could serve the request: {why}", "server_error")
+                raise ApiError(503, f"no instance could serve the request: {why}", "server_error")
         job = await service.prepare(request_id, kind, data, expectation, candidates)
         try:
             check_window(card, job.arrival.prompt_tokens or job.prediction.prompt_tokens)
         except ApiError as exc:
             service.refuse(request_id, kind, data, exc.message, job)
-            raise Refused(exc.status, exc.message, exc.kind, exc.extra.get("param")) from None
+            raise
         leg = self.legs[request_id] = Leg()
 
         async def serve() -> None:
@@ -407,12 +404,8 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         await asyncio.wait({leg.picked, run}, return_when=asyncio.FIRST_COMPLETED)
         if leg.picked.done():
             return leg, run
-        exc = run.exception()
-        if isinstance(exc, QueueFull):
-            raise Refused(429, f"steersman is at capacity: {exc}", "rate_limit_error")
-        if isinstance(exc, QueueTimeout | BackendError):
-            raise Refused(503, f"no instance could serve the request: {exc}", "server_error")
-        raise Refused(500, f"internal error: {type(exc).__name__}", "server_error")
+        failure = run.exception()
+        raise api_error(failure if failure is not None else RuntimeError("no pick"))
 
 
 async def start(picker: EndpointPicker, settings: EppSettings) -> tuple[grpc.aio.Server, int]:

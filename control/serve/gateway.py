@@ -18,11 +18,18 @@ from pydantic import SecretStr
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from steersman.control.backends.base import BackendError, UpstreamRejected
-from steersman.control.core.scheduler import QueueFull
 from steersman.control.serve.admin import admin_state
-from steersman.control.serve.answer import Assembly, StreamShape
 from steersman.control.serve.intake import EXPECTATION_HEADERS, BadHeader, expectation_of
+from steersman.control.serve.openai_api import (
+    ApiError,
+    Assembly,
+    StreamShape,
+    api_error,
+    check_content,
+    check_window,
+    error_body,
+    model_card,
+)
 from steersman.control.serve.schemas import (
     GENERATION,
     ChatBody,
@@ -31,22 +38,7 @@ from steersman.control.serve.schemas import (
     errors,
 )
 from steersman.control.serve.sections import GatewaySettings
-from steersman.control.serve.service import COMPLETE, QueueTimeout, Steersman
-
-
-class ApiError(Exception):
-    def __init__(
-        self, status: int, message: str, kind: str = "invalid_request_error", **extra: Any
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.extra = extra
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: Any = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+from steersman.control.serve.service import COMPLETE, Steersman
 
 
 def _error_response(exc: ApiError) -> JSONResponse:
@@ -136,7 +128,7 @@ def create_app(
     admin = Depends(_keys_check(settings.admin_api_keys, settings.api_keys))
 
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return _error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -205,46 +197,6 @@ async def discover_models(app: FastAPI, service: Steersman) -> None:
         app.state.models = list(cards.values())
 
 
-def check_content(body: CompletionBody | ChatBody) -> None:
-    """A 400 for a request with nothing to answer."""
-    if isinstance(body, CompletionBody):
-        prompt = body.prompt
-        if prompt in ("", []) or (isinstance(prompt, list) and "" in prompt):
-            raise ApiError(400, "prompt must not be empty", param="prompt")
-    elif not any(m.content for m in body.messages):
-        raise ApiError(400, "messages must carry some content", param="messages")
-
-
-def model_card(models: list[dict[str, Any]], data: dict[str, Any]) -> dict[str, Any] | None:
-    """The card of the requested model; 404 for one no instance serves. None when no instance
-    has answered yet (the instance then judges)."""
-    cards = {c["id"]: c for c in models}
-    if not cards:
-        return None
-    card = cards.get(data["model"])
-    if card is None:
-        raise ApiError(
-            404,
-            f"The model `{data['model']}` does not exist. Available: {', '.join(cards)}",
-            "not_found_error",
-            param="model",
-            code="model_not_found",
-        )
-    return card
-
-
-def check_window(card: dict[str, Any] | None, prompt_tokens: int | None) -> None:
-    window = card.get("max_model_len") if card else None
-    if isinstance(window, int) and prompt_tokens is not None and prompt_tokens >= window:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {window} tokens; the prompt has "
-            f"{prompt_tokens} tokens. Shorten the prompt.",
-            param="prompt",
-            code="context_length_exceeded",
-        )
-
-
 async def _serve(
     app: FastAPI,
     service: Steersman,
@@ -272,7 +224,7 @@ async def _serve(
     try:
         first = await anext(chunks, None)
     except Exception as exc:
-        raise _api_error(exc) from None
+        raise api_error(exc) from None
     options = data.get("stream_options") or {}
     if stream:
         return StreamingResponse(
@@ -291,20 +243,6 @@ def _expectation(headers: Mapping[str, str], service: Steersman) -> tuple[float,
         return expectation_of(headers, default)
     except BadHeader as exc:
         raise ApiError(400, str(exc), param=exc.header) from None
-
-
-def _api_error(exc: Exception) -> ApiError:
-    if isinstance(exc, UpstreamRejected):
-        body = exc.body if isinstance(exc.body, dict) else {}
-        inner = body.get("error") if isinstance(body.get("error"), dict) else body
-        message = inner.get("message") if isinstance(inner.get("message"), str) else str(exc)
-        status = exc.status if 400 <= exc.status < 500 else 400
-        return ApiError(status, message)
-    if isinstance(exc, QueueFull):
-        return ApiError(429, f"steersman is at capacity: {exc}", "rate_limit_error")
-    if isinstance(exc, QueueTimeout | BackendError):
-        return ApiError(503, f"no instance could serve the request: {exc}", "server_error")
-    return ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
 
 
 async def _sse(
@@ -331,7 +269,7 @@ async def _sse(
         for shaped in shape.end():
             yield f"data: {json.dumps(shaped)}\n\n".encode()
     except Exception as exc:
-        error = _api_error(exc)
+        error = api_error(exc)
         body = error_body(error.message, error.kind)
         yield f"data: {json.dumps(body)}\n\n".encode()
     finally:
@@ -357,5 +295,5 @@ async def _collect(
             answer.add(chunk)
             chunk = await anext(chunks, None)
     except Exception as exc:
-        return _error_response(_api_error(exc))
+        return _error_response(api_error(exc))
     return JSONResponse(answer.body(request_id))

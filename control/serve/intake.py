@@ -128,7 +128,7 @@ def make_job(
     p: Prediction,
     received: float,
     *,
-    tokenize: Tokenize | None,
+    ids: Sequence[int],
     store_prompts: bool,
     max_tokens_is_length: bool,
     model_version: str | None,
@@ -138,13 +138,13 @@ def make_job(
 ) -> Job:
     """The request as the core sees it (``Arrival``) and as the history will (``RequestRecord``).
 
-    ``text`` is what the length model read (``text_of``). With ``max_tokens_is_length``
+    ``text`` is what the length model read (``text_of``); ``ids`` the whole input's tokens
+    (``token_ids``; none without a tokenizer). With ``max_tokens_is_length``
     (replays), ``max_tokens`` is the true length, not a cap. ``expectation``: its reader's
     (TTFT, pace); with ``queue_by_ttft`` (streamed QoE on) it waits in the queue by when its
     first token is due. ``candidates``: the instances it may go to (a gateway's subset).
     """
     max_tokens = max_tokens_of(body)
-    ids = token_ids(kind, body, tokenize)
     arrival = Arrival(
         request_id,
         len(ids) if ids else p.prompt_tokens or 0,

@@ -51,8 +51,11 @@ class Predictor:
         turns: int = 1,
         max_tokens: int | None = None,
         context: Mapping[str, Any] | None = None,
+        prompt_tokens: int | None = None,
     ) -> Prediction:
-        prompt_tokens = self._count(text)
+        """``prompt_tokens``: the text's token count where the caller has it already."""
+        if prompt_tokens is None:
+            prompt_tokens = self._count(text)
         x: dict[str, Any] = dict(
             request_features(text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, turns=turns)
         )

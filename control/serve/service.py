@@ -25,7 +25,6 @@ from steersman.control.core.qoe_rule import EXPECTED_PACE, EXPECTED_TTFT, knobs_
 from steersman.control.core.records import EventRecord
 from steersman.control.core.scheduler import Assignment, Scheduler
 from steersman.control.serve.accounting import Accounts, Record
-from steersman.control.serve.answer import streamable
 from steersman.control.serve.instances import Instance
 from steersman.control.serve.intake import (
     Job,
@@ -33,8 +32,10 @@ from steersman.control.serve.intake import (
     max_tokens_of,
     streamed,
     text_of,
+    token_ids,
 )
 from steersman.control.serve.metrics import Metrics
+from steersman.control.serve.openai_api import streamable
 from steersman.control.serve.predictor import Predictor, request_context
 from steersman.control.serve.settings import Settings
 
@@ -48,7 +49,7 @@ class NoInstance(BackendError):
     """No healthy instance is left to serve the request."""
 
 
-class QueueTimeout(Exception):
+class QueueTimeout(BackendError):
     """No instance took the request within the queue timeout."""
 
 
@@ -109,9 +110,14 @@ class Steersman:
         ``candidates``: the instances it may go to (None: any)."""
         received = self.clock()
         text, turns = text_of(kind, body)
+        ids = token_ids(kind, body, self.tokenize)  # the prompt tokenized once
+        # A completion's whole input is the text the predictor reads: its count is the ids'.
+        counted = len(ids) if ids and kind != "chat" else None
         cap = None if self.max_tokens_is_length else max_tokens_of(body)
         context = request_context(self.telemetry, self.instances.values(), self.scheduler.in_flight)
-        p = await self.predictor.predict(text, turns=turns, max_tokens=cap, context=context)
+        p = await self.predictor.predict(
+            text, turns=turns, max_tokens=cap, context=context, prompt_tokens=counted
+        )
         self.metrics.predictions.labels(p.path).inc()
         return make_job(
             request_id,
@@ -120,7 +126,7 @@ class Steersman:
             text,
             p,
             received,
-            tokenize=self.tokenize,
+            ids=ids,
             store_prompts=self.store_prompts,
             max_tokens_is_length=self.max_tokens_is_length,
             model_version=self.predictor.model_version,

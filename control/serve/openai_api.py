@@ -1,4 +1,7 @@
-"""An engine's answer as the client asked for it.
+"""OpenAI's API as steersman speaks it, whichever front door a request came through: what a
+request must carry (``check_content``, ``model_card``, ``check_window``: an ``ApiError`` in
+OpenAI's error shape otherwise), what a failure becomes (``api_error``), and an engine's answer
+as the client asked for it.
 
 steersman reads every answer as a stream (its first token and each token's time drive the core),
 so a client that did not ask for a stream gets the chunks assembled into the body the engine
@@ -12,6 +15,82 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+from steersman.control.backends.base import BackendError, UpstreamRejected
+from steersman.control.core.scheduler import QueueFull
+from steersman.control.serve.schemas import ChatBody, CompletionBody
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", **extra: Any
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.extra = extra
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: Any = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def check_content(body: CompletionBody | ChatBody) -> None:
+    """A 400 for a request with nothing to answer."""
+    if isinstance(body, CompletionBody):
+        prompt = body.prompt
+        if prompt in ("", []) or (isinstance(prompt, list) and "" in prompt):
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+    elif not any(m.content for m in body.messages):
+        raise ApiError(400, "messages must carry some content", param="messages")
+
+
+def model_card(models: list[dict[str, Any]], data: dict[str, Any]) -> dict[str, Any] | None:
+    """The card of the requested model; 404 for one no instance serves. None when no instance
+    has answered yet (the instance then judges)."""
+    cards = {c["id"]: c for c in models}
+    if not cards:
+        return None
+    card = cards.get(data["model"])
+    if card is None:
+        raise ApiError(
+            404,
+            f"The model `{data['model']}` does not exist. Available: {', '.join(cards)}",
+            "not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+    return card
+
+
+def check_window(card: dict[str, Any] | None, prompt_tokens: int | None) -> None:
+    window = card.get("max_model_len") if card else None
+    if isinstance(window, int) and prompt_tokens is not None and prompt_tokens >= window:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {window} tokens; the prompt has "
+            f"{prompt_tokens} tokens. Shorten the prompt.",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+
+
+def api_error(exc: Exception) -> ApiError:
+    """A failure as the client hears of it: the engine's own 4xx, 429 when steersman sheds,
+    503 when no instance served it, 500 otherwise."""
+    if isinstance(exc, UpstreamRejected):
+        body = exc.body if isinstance(exc.body, dict) else {}
+        inner = body.get("error") if isinstance(body.get("error"), dict) else body
+        message = inner.get("message") if isinstance(inner.get("message"), str) else str(exc)
+        status = exc.status if 400 <= exc.status < 500 else 400
+        return ApiError(status, message)
+    if isinstance(exc, QueueFull):
+        return ApiError(429, f"steersman is at capacity: {exc}", "rate_limit_error")
+    if isinstance(exc, BackendError):
+        return ApiError(503, f"no instance could serve the request: {exc}", "server_error")
+    return ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
+
 
 # Strings that arrive in pieces and are joined; any other scalar is the last one sent.
 _JOINED = frozenset({"text", "content", "reasoning", "reasoning_content", "refusal", "arguments"})
