@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +26,7 @@ from steersman.control.backends.base import (
     GenerationResult,
     StreamBroken,
     StreamEvent,
+    UpstreamRejected,
 )
 from steersman.control.backends.vllm_http import VllmHttpBackend
 
@@ -135,3 +137,75 @@ class Routed:
 
     async def aclose(self) -> None:
         await self.direct.aclose()
+
+
+class AnswerReader:
+    """An answer's response path as the gateway in front passes it on (its headers, then its
+    body in pieces), read into the request's leg: server-sent events chunk by chunk, or a JSON
+    body at its end."""
+
+    def __init__(self, leg: Leg) -> None:
+        self.leg = leg
+        self.sse = False
+        self.pending = b""
+        self.ended = False
+
+    def headers(self, headers: dict[str, str], end: bool) -> None:
+        status = int(headers.get(":status", "200") or 200)
+        self.sse = headers.get("content-type", "").startswith("text/event-stream")
+        if 400 <= status < 500:
+            self.end(UpstreamRejected(f"HTTP {status}", status))
+        elif status >= 500:
+            self.end(StreamBroken(f"HTTP {status}"))
+        elif end:
+            self.end(StreamBroken("the answer had no body"))
+
+    def body(self, chunk: bytes, end: bool) -> None:
+        if self.ended:
+            return
+        self.pending += chunk
+        if self.sse:
+            *lines, self.pending = self.pending.split(b"\n")
+            for line in lines:
+                self._line(line.removesuffix(b"\r").decode("utf-8", "replace"))
+        if end:
+            if self.sse:
+                self._line(self.pending.decode("utf-8", "replace"))
+                if not self.ended:
+                    self.end(StreamBroken("stream ended without [DONE]"))
+            else:
+                self._whole(self.pending)
+
+    def _line(self, line: str) -> None:
+        if self.ended or not line.startswith("data:"):
+            return
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            self.end(END)
+            return
+        try:
+            data = json.loads(payload)
+        except json.JSONDecodeError:
+            self.end(StreamBroken(f"unreadable chunk {payload[:80]!r}"))
+            return
+        if not isinstance(data, dict) or "error" in data:
+            self.end(StreamBroken(f"server error mid-stream: {str(data)[:200]}"))
+            return
+        self.leg.feed(data)
+
+    def _whole(self, raw: bytes) -> None:
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            self.end(StreamBroken(f"unreadable body {raw[:80]!r}"))
+            return
+        if not isinstance(data, dict):
+            self.end(StreamBroken("body is not an object"))
+            return
+        self.leg.feed(data)
+        self.end(END)
+
+    def end(self, item: BackendError | None) -> None:
+        if not self.ended:
+            self.ended = True
+            self.leg.feed(item)

@@ -34,8 +34,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from pydantic import ValidationError
 
-from steersman.control.backends.base import BackendError, StreamBroken, UpstreamRejected
-from steersman.control.backends.routed import END, Leg, Routed
+from steersman.control.backends.base import StreamBroken
+from steersman.control.backends.routed import AnswerReader, Leg, Routed
 from steersman.control.serve.intake import EXPECTATION_HEADERS, BadHeader, expectation_of
 from steersman.control.serve.openai_api import (
     ApiError,
@@ -147,77 +147,6 @@ def _routed(endpoint: str, body: bytes | None, duplex: bool) -> list[pb.Processi
     return [on_headers, pb.ProcessingResponse(request_body=pb.BodyResponse(response=mutation))]
 
 
-class _Answer:
-    """The response path of one request, read into its leg: server-sent events chunk by chunk,
-    or a JSON body at its end."""
-
-    def __init__(self, leg: Leg) -> None:
-        self.leg = leg
-        self.sse = False
-        self.pending = b""
-        self.ended = False
-
-    def headers(self, headers: dict[str, str], end: bool) -> None:
-        status = int(headers.get(":status", "200") or 200)
-        self.sse = headers.get("content-type", "").startswith("text/event-stream")
-        if 400 <= status < 500:
-            self.end(UpstreamRejected(f"HTTP {status}", status))
-        elif status >= 500:
-            self.end(StreamBroken(f"HTTP {status}"))
-        elif end:
-            self.end(StreamBroken("the answer had no body"))
-
-    def body(self, chunk: bytes, end: bool) -> None:
-        if self.ended:
-            return
-        self.pending += chunk
-        if self.sse:
-            *lines, self.pending = self.pending.split(b"\n")
-            for line in lines:
-                self._line(line.removesuffix(b"\r").decode("utf-8", "replace"))
-        if end:
-            if self.sse:
-                self._line(self.pending.decode("utf-8", "replace"))
-                if not self.ended:
-                    self.end(StreamBroken("stream ended without [DONE]"))
-            else:
-                self._whole(self.pending)
-
-    def _line(self, line: str) -> None:
-        if self.ended or not line.startswith("data:"):
-            return
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            self.end(END)
-            return
-        try:
-            data = json.loads(payload)
-        except json.JSONDecodeError:
-            self.end(StreamBroken(f"unreadable chunk {payload[:80]!r}"))
-            return
-        if not isinstance(data, dict) or "error" in data:
-            self.end(StreamBroken(f"server error mid-stream: {str(data)[:200]}"))
-            return
-        self.leg.feed(data)
-
-    def _whole(self, raw: bytes) -> None:
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError:
-            self.end(StreamBroken(f"unreadable body {raw[:80]!r}"))
-            return
-        if not isinstance(data, dict):
-            self.end(StreamBroken("body is not an object"))
-            return
-        self.leg.feed(data)
-        self.end(END)
-
-    def end(self, item: BackendError | None) -> None:
-        if not self.ended:
-            self.ended = True
-            self.leg.feed(item)
-
-
 class EndpointPicker(pb_grpc.ExternalProcessorServicer):
     """Envoy's ext_proc service: one ``Process`` stream per HTTP request."""
 
@@ -242,7 +171,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         body = b""
         duplex = True
         observed = False  # the response is read by another stream (Envoy's observing filter)
-        answer: _Answer | None = None
+        answer: AnswerReader | None = None
         run: asyncio.Task[None] | None = None
         try:
             async for message in requests:
@@ -281,7 +210,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                         for response in self._anywhere(body, duplex):
                             yield response
                         continue
-                    answer = None if observed else _Answer(leg)
+                    answer = None if observed else AnswerReader(leg)
                     routed, request = leg.picked.result()
                     sent = json.dumps(routed.body(request)).encode()
                     for response in _routed(routed.address, sent, duplex):
@@ -311,8 +240,8 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         message: pb.ProcessingRequest,
         phase: str | None,
         headers: dict[str, str],
-        answer: _Answer | None,
-    ) -> _Answer | None:
+        answer: AnswerReader | None,
+    ) -> AnswerReader | None:
         """An observing filter's message: the answer's headers and chunks, read into the leg."""
         if phase == "response_headers":
             answer = self._observe(headers)
@@ -323,12 +252,12 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             answer.body(message.response_body.body, message.response_body.end_of_stream)
         return answer
 
-    def _observe(self, headers: dict[str, str]) -> _Answer | None:
+    def _observe(self, headers: dict[str, str]) -> AnswerReader | None:
         kind = _KINDS.get(headers.get(":path", "").split("?")[0])
         if kind is None or "x-request-id" not in headers:
             return None
         leg = self.legs.get(_request_id(kind[0], headers["x-request-id"]))
-        return None if leg is None else _Answer(leg)
+        return None if leg is None else AnswerReader(leg)
 
     def _anywhere(self, body: bytes | None, duplex: bool) -> list[pb.ProcessingResponse]:
         """A request steersman does not schedule (model list, health) goes to a healthy server."""

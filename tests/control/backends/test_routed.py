@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from steersman.control.backends.base import GenerationRequest, GenerationResult, StreamBroken
-from steersman.control.backends.routed import END, Leg, Routed
+from steersman.control.backends.routed import END, AnswerReader, Leg, Routed
 from steersman.control.backends.vllm_http import VllmHttpBackend
 
 
@@ -62,3 +62,54 @@ def test_a_silent_answer_is_broken_after_the_read_deadline():
     got, result = _stream(routed, legs, [])
     assert isinstance(got[-1], StreamBroken) and "no word" in str(got[-1])
     assert result.error is not None
+
+
+def _read(feed) -> list:
+    async def go():
+        leg = Leg()
+        reader = AnswerReader(leg)
+        feed(reader)
+        got = []
+        while not leg.chunks.empty():
+            got.append(leg.chunks.get_nowait())
+        return got
+
+    return asyncio.run(go())
+
+
+def test_server_sent_events_split_anywhere_are_read_whole():
+    def feed(reader: AnswerReader) -> None:
+        reader.headers({":status": "200", "content-type": "text/event-stream"}, False)
+        reader.body(b'data: {"choices": [{"te', False)
+        reader.body(b'xt": "a"}]}\r\n\ndata: {"choices": [{"text": "b"}]}\n\ndata: [DO', False)
+        reader.body(b"NE]\n\n", True)
+
+    got = _read(feed)
+    assert got == [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]}, END]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        ("400", b'{"error": {"message": "bad"}}', "UpstreamRejected"),
+        ("503", b"", "StreamBroken"),
+        ("200", b"{not json", "StreamBroken"),
+    ],
+)
+def test_a_failed_or_unreadable_answer_ends_the_leg_with_an_error(status, body, kind):
+    def feed(reader: AnswerReader) -> None:
+        reader.headers({":status": status, "content-type": "application/json"}, False)
+        reader.body(body, True)
+
+    got = _read(feed)
+    assert type(got[-1]).__name__ == kind and len(got) == 1
+
+
+def test_a_json_answer_is_read_at_its_end():
+    def feed(reader: AnswerReader) -> None:
+        reader.headers({":status": "200", "content-type": "application/json"}, False)
+        reader.body(b'{"choices": [{"text": "hi"}], ', False)
+        reader.body(b'"usage": {"completion_tokens": 1}}', True)
+
+    got = _read(feed)
+    assert got[0]["usage"]["completion_tokens"] == 1 and got[1] is END
