@@ -193,6 +193,7 @@ def test_a_stream_far_ahead_of_its_reader_is_paused_for_one_whose_first_token_is
     assert {name: n for name, (_, n) in done.items()} == {"long": 1000, "short": 4}
     (long, _), (short, _) = done["long"], done["short"]
     assert short[-1] < long[-1]  # served while the long one was paused
-    gaps = [(b - a, a) for a, b in itertools.pairwise(long)]
-    stall, at = max(gaps)
-    assert at <= short[0] <= at + stall  # the long one's pause spans the newcomer's first token
+    # One seat: while the newcomer decoded, the long one was paused and made no progress (the
+    # largest gap of the long stream need not be this pause: its resumption recomputes 1,000
+    # tokens, and a busy machine stalls it anywhere).
+    assert not [t for t in long if short[0] < t < short[-1]]
