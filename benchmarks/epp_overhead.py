@@ -20,13 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 import tomli_w
 
-from benchmarks.gateway_overhead import one, wait_up
+from benchmarks.gateway_overhead import one, throughput, wait_up
 from steersman.control.backends.envoy_proxy import EnvoyProxy
 from steersman.control.backends.vllm_server import free_port
 from steersman.storage.query import percentile
@@ -65,21 +64,6 @@ async def _latency(paths: dict[str, str], n: int) -> dict[str, list[float]]:
                 if k >= 50:
                     samples[name].append(took)
     return samples
-
-
-async def _throughput(url: str, clients: int, seconds: float) -> float:
-    done = 0
-    end = time.monotonic() + seconds
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=clients)) as c:
-
-        async def worker() -> None:
-            nonlocal done
-            while time.monotonic() < end:
-                await one(c, url)
-                done += 1
-
-        await asyncio.gather(*(worker() for _ in range(clients)))
-    return done / seconds
 
 
 def _cpu_s(*pids: int) -> float:
@@ -152,7 +136,7 @@ def main() -> None:
             rates, cpu_ms = {}, {}
             for name in ("gateway", *proxies):
                 before = _cpu_s(*on_core0[name])
-                rates[name] = asyncio.run(_throughput(paths[name], clients, args.seconds))
+                rates[name] = asyncio.run(throughput(paths[name], clients, args.seconds))["rps"]
                 used = _cpu_s(*on_core0[name]) - before
                 cpu_ms[name] = 1000 * used / max(rates[name] * args.seconds, 1)
             for name, rps in rates.items():

@@ -10,6 +10,14 @@ import pytest
 from steersman.control.backends.envoy_proxy import envoy_binary, envoy_config
 
 
+def _validate(path) -> subprocess.CompletedProcess:
+    """The real Envoy's own check of a configuration file."""
+    return subprocess.run(
+        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("fail_open", "observe"), [(False, False), (True, False), (False, True), (True, True)]
 )
@@ -20,10 +28,7 @@ def test_the_real_envoy_accepts_the_configuration(tmp_path, fail_open, observe):
     )  # fmt: skip
     path = tmp_path / "envoy.json"
     path.write_text(json.dumps(config))
-    checked = subprocess.run(
-        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    checked = _validate(path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "configuration" in (checked.stdout + checked.stderr).lower()
     ext_proc = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
@@ -42,18 +47,12 @@ def test_envoy_alone_is_a_round_robin_without_filters(tmp_path):
     ]
     path = tmp_path / "envoy.json"
     path.write_text(json.dumps(config))
-    checked = subprocess.run(
-        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    checked = _validate(path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_a_broken_configuration_is_refused_by_envoy(tmp_path):
     path = tmp_path / "envoy.json"
     path.write_text(json.dumps({"static_resources": {"clusters": [{"name": "x", "type": "NOPE"}]}}))
-    checked = subprocess.run(
-        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    checked = _validate(path)
     assert checked.returncode != 0
