@@ -8,6 +8,14 @@ finished requests, which carries what the profile and the clock do not (another 
 profiled, a noisy neighbour, prefill interference, the serving stack). One factor scales the
 decode base, the per-sequence cost and the prefill cost alike: what slows one slows the others.
 
+What was learned goes stale when an instance stops finishing requests: judged slow, it gets
+none at light load, so no outcome could show that it has recovered (a neighbour gone, a fan
+mended). From ``forget_after_s`` after its last outcome the residual's weight halves every
+``half_life_s`` (times are the caller's ``now``), so the instance drifts back to its profile and
+is tried again; the next outcome then weighs against that much belief only (after a long silence
+it says most of what is known, so one probe of an instance still slow sends it back). An
+instance that keeps finishing requests never forgets: at load nothing changes.
+
 Telemetry that is missing, not finite, or outside a plausible range (``clock_range`` times the
 reference) is ignored and counted; the model then plans with the prior's clock and says so once
 (``status``, the log).
@@ -59,6 +67,12 @@ class LatencyModel:
     ...     m.learn_one({"running": 4, "sm_clock_mhz": 1400}, 0.021)
     >>> round(m.predict_one({"running": 4, "sm_clock_mhz": 1400}), 4)
     0.021
+
+    With ``now``, what was learned fades once the instance stops finishing requests:
+
+    >>> m.learn_one({"running": 4, "sm_clock_mhz": 1400}, 0.021, now=100.0)
+    >>> [round(m.predict_one({"running": 4}, now=t), 4) for t in (110, 130, 160, 400)]
+    [0.021, 0.021, 0.0155, 0.014]
     """
 
     def __init__(
@@ -70,14 +84,20 @@ class LatencyModel:
         warmup: int = 5,
         clock_range: tuple[float, float] = (0.2, 1.5),
         max_step_s: float = 10.0,
+        forget_after_s: float = 30.0,
+        half_life_s: float = 15.0,
     ) -> None:
         self.prior = prior
         self.reference_clock_mhz = reference_clock_mhz
         self.warmup = warmup
         self.clock_range = clock_range
         self.max_step_s = max_step_s
+        self.alpha = alpha
+        self.forget_after_s = forget_after_s
+        self.half_life_s = half_life_s
         self.residual = stats.EWMean(alpha)
         self.learned = 0
+        self.learned_at: float | None = None  # the caller's time of the last outcome
         self.telemetry_ignored = 0  # readings refused: missing, NaN, out of range
         self.status = "prior" if reference_clock_mhz is None else "telemetry"
         self._said = False
@@ -120,7 +140,9 @@ class LatencyModel:
 
     # -- learning and predicting ----------------------------------------------------------------
 
-    def learn_one(self, x: Mapping[str, Any], tpot_s: float | None) -> None:
+    def learn_one(
+        self, x: Mapping[str, Any], tpot_s: float | None, *, now: float | None = None
+    ) -> None:
         if not _usable(tpot_s, self.max_step_s) or tpot_s == 0:
             return
         running = x.get("running", 1)
@@ -128,43 +150,66 @@ class LatencyModel:
         expected = self.prior.step(n) * self.clock_factor(x)
         if expected <= 0:
             return
-        self.residual.update(math.log(float(tpot_s) / expected))  # type: ignore[arg-type]
+        seen = math.log(float(tpot_s) / expected)  # type: ignore[arg-type]
+        if (trust := self.trust(now)) < 1.0:
+            # What is still believed (the faded residual planned with) weighs as ``trust``
+            # times the mean's memory (1 / alpha outcomes): after a long silence one outcome
+            # says most of what is known.
+            memory = trust / self.alpha
+            faded = stats.EWMean(self.alpha)
+            faded.update((memory * trust * self.residual.get() + seen) / (memory + 1))
+            self.residual = faded
+        else:
+            self.residual.update(seen)
         self.learned += 1
+        if now is not None:
+            self.learned_at = now
 
-    def factor(self, x: Mapping[str, Any]) -> float:
+    def trust(self, now: float | None) -> float:
+        """The weight of what was learned at ``now``: 1 up to ``forget_after_s`` after the last
+        outcome, then halving every ``half_life_s``."""
+        if now is None or self.learned_at is None:
+            return 1.0
+        idle = now - self.learned_at - self.forget_after_s
+        return 1.0 if idle <= 0 else 0.5 ** (idle / self.half_life_s)
+
+    def factor(self, x: Mapping[str, Any], now: float | None = None) -> float:
         """How many times the prior's step time a step takes now."""
-        learned = self.residual.get() if self.learned >= self.warmup else 0.0
+        learned = self.residual.get() * self.trust(now) if self.learned >= self.warmup else 0.0
         return self.clock_factor(x) * math.exp(min(max(learned, -5.0), 5.0))
 
-    def coefficients(self, x: Mapping[str, Any]) -> StepCoefficients:
-        c = self.prior.scaled(self.factor(x))
+    def coefficients(self, x: Mapping[str, Any], now: float | None = None) -> StepCoefficients:
+        c = self.prior.scaled(self.factor(x, now))
         return StepCoefficients(
             min(c.base_s, self.max_step_s), min(c.per_seq_s, self.max_step_s), c.prefill_s_per_token
         )
 
-    def predict_one(self, x: Mapping[str, Any]) -> float:
+    def predict_one(self, x: Mapping[str, Any], now: float | None = None) -> float:
         running = x.get("running", 1)
         n = float(running) if _usable(running, math.inf) else 1.0
-        return self.coefficients(x).step(n)
+        return self.coefficients(x, now).step(n)
 
-    def adopt(self, saved: Any) -> bool:
+    def adopt(self, saved: Any, now: float | None = None) -> bool:
         """Take over what ``saved`` (a checkpointed model) learned, keeping this one's prior and
-        clock (the settings may have changed); False when it is not a model of this kind."""
+        clock (the settings may have changed), as if learned at ``now`` (the old process's times
+        mean nothing here); False when it is not a model of this kind."""
         residual = getattr(saved, "residual", None)
         learned = getattr(saved, "learned", None)
         if not isinstance(residual, stats.EWMean) or not isinstance(learned, int):
             return False
-        self.residual, self.learned = residual, learned
+        self.residual, self.learned, self.learned_at = residual, learned, now
         return True
 
-    def state(self) -> dict[str, Any]:
+    def state(self, now: float | None = None) -> dict[str, Any]:
         """For ``/admin/state``: where its numbers come from, learned against profiled."""
+        learned = self.residual.get() * self.trust(now) if self.learned else 0.0
         return {
             "status": self.status,
             "learned": self.learned,
             "telemetry_ignored": self.telemetry_ignored,
             "profiled_step_s": self.prior.step(1),
-            "learned_factor": round(math.exp(self.residual.get()), 4) if self.learned else 1.0,
+            "learned_factor": round(math.exp(learned), 4),
+            "trust": round(self.trust(now), 4),
         }
 
 

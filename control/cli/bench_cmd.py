@@ -135,8 +135,10 @@ def bench_command(
     ] = "8xa100-llama2-7b",
     fleet_scenarios: Annotated[
         str,
-        typer.Option(help="fleet: mixed, throttle, recover, neighbour, fan, steady (all of them)."),
-    ] = "mixed,throttle,recover,neighbour,fan,steady",
+        typer.Option(
+            help="fleet: mixed, throttle, recover, neighbour, fan, steady, quiet (all of them)."
+        ),
+    ] = "mixed,throttle,recover,neighbour,fan,steady,quiet",
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Stock vLLM behind round-robin and least-load, vLLM priority with steersman's predictions,

@@ -129,12 +129,14 @@ class Fleet:
     telemetry, with ``events`` (instance -> its GPU's events: a throttle, a noisy neighbour);
     ``prior``, what the core is told each instance is (the profile a URL-only instance gets:
     None is each one's own); ``learn``: the latency models learn from outcomes and telemetry
-    (False: frozen at the priors)."""
+    (False: frozen at the priors); ``forget``: what they learned fades while an instance
+    finishes nothing (False: kept until outcomes change it)."""
 
     profiles: tuple[StepModel, ...]
     events: dict[int, tuple[GpuEvent, ...]] = field(default_factory=dict)
     prior: StepModel | None = None
     learn: bool = True
+    forget: bool = True
 
     def engines(self, variant: Variant) -> list[SimEngine]:
         out = []
@@ -149,8 +151,9 @@ class Fleet:
         steps = [p.coefficients() for p in priors]
         if not self.learn:
             return CoreDriver(core, steps, features=features)
+        keep = {} if self.forget else {"forget_after_s": math.inf}
         models = [
-            LatencyModel(p.coefficients(), reference_clock_mhz=spec_for(p.name).boost_mhz)
+            LatencyModel(p.coefficients(), reference_clock_mhz=spec_for(p.name).boost_mhz, **keep)
             for p in priors
         ]
         source = SimGpuSource(list(engines))
@@ -368,6 +371,7 @@ def run_sim(
         if r.first_token_at is not None:
             by[driver.served[r.id]].append(r.first_token_at - r.arrival)
     out["served_by"] = [len(t) for t in by]
+    out["dispatch_all"] = [(r.arrival, driver.served[r.id]) for r in run.finished]
     out["ttft_p99_by_instance"] = [_round(percentile(t, 0.99)) for t in by]
     out["ttft_by_arrival"] = [
         (r.arrival, r.first_token_at - r.arrival) for r in run.finished if r.first_token_at
@@ -381,6 +385,7 @@ def run_sim(
         preemptions=sum(e.stats.preemptions for e in engines),
         fallback_share=round(s.fallback_decisions / max(s.decisions, 1), 3),
         fallbacks=s.fallbacks,
+        modes=driver.modes,
         within_30=round(1 - s.misses / s.scored, 3) if s.scored else None,
         kv_held=s.kv_held,
         kv_overrides=s.kv_overrides,

@@ -209,6 +209,8 @@ CHANGES = {
     "fan": "instance 0's cooling at a quarter of normal from the start (it heats up and throttles "
     "itself)",
     "steady": "nothing changes",
+    "quiet": "at light load, another tenant takes half of instance 0's SMs from the start and "
+    "leaves at half the run",
 }
 
 
@@ -223,7 +225,10 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
         "models that learn from outcomes and the GPUs' clocks, `steersman-frozen` with the same "
         f"priors, frozen. Each run: {s['duration_s']:g} s of arrivals, the first "
         f"{s['warmup_s']:g} s left out; capacity at P99 TTFT <= {o['slo_ttft_p99_s']} s. "
-        "Ratios are to least-load's.",
+        "Ratios are to least-load's. Instance 0's step-time factor is what its latency model "
+        "plans with over its profile at its last outcome, against its GPU's true slowdown then; "
+        "the factor also carries what all instances share at that load (prefill interference "
+        "in the observed TPOT), so compare it with the other instances', not with 1.",
     ]
     mixed = fleet["scenarios"].get("mixed")
     if mixed:
@@ -263,7 +268,8 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
             "",
             f"### {o['homogeneous']}, {scenario}: {CHANGES.get(scenario, scenario)}",
             "",
-            f"At {_fmt(runs['rate_rps'])} req/s ({o['level']:g}x least-load's capacity on it)."
+            f"At {_fmt(runs['rate_rps'])} req/s ({runs.get('level', o['level']):g}x least-load's "
+            "capacity on it); to instance 0: requests in the window (after the change)."
             + (
                 " Tracked: requests on instance 0 (and seconds) after the change until its "
                 "step-time factor, relative to the others', stays within 10% of its true "
@@ -274,13 +280,13 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
             "",
             "| policy | "
             + " | ".join(label for label, _ in FLEET)
-            + " | to instance 0 |"
+            + " | to instance 0 | its factor at the end (true slowdown) |"
             + (" tracked after |" if tracked else ""),
-            "|---" * (len(FLEET) + 2 + tracked) + "|",
+            "|---" * (len(FLEET) + 3 + tracked) + "|",
         ]
         base = runs.get("least-load", {})
         for name, r in runs.items():
-            if name == "rate_rps":
+            if not isinstance(r, dict):  # the rate and the load level
                 continue
             track = r.get("tracking") or {}
             after = (
@@ -292,7 +298,9 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {name} | "
                 + " | ".join(cells)
-                + f" | {r['served_by'][0]} |"
+                + f" | {r['served_by'][0]}"
+                + (f" ({r['instance0_after_change']})" if "instance0_after_change" in r else "")
+                + f" | {_factor(r)} |"
                 + (f" {after} |" if tracked else "")
             )
     return lines
@@ -344,6 +352,13 @@ def real_section(real: dict[str, Any]) -> list[str]:
         )
     lines += ["", ratios(real["runs"]), "", "![E2E CDF](real_e2e_cdf.png)"]
     return lines
+
+
+def _factor(run: dict[str, Any]) -> str:
+    """Instance 0's learned step-time factor at its last outcome, and the true one then."""
+    if "instance0_factor_end" not in run:
+        return "-"
+    return f"{_fmt(run['instance0_factor_end'])} ({_fmt(run['instance0_slowdown_end'])})"
 
 
 def _ratio(a: Any, b: Any) -> str:

@@ -8,7 +8,10 @@ Scenarios (instance 0 is the one that changes; the change comes after the warm-u
 - ``recover``: capped at 60% from the start, back to full clock at half the run;
 - ``neighbour``: another tenant takes half its SMs from a third of the run on;
 - ``fan``: its cooling at a quarter of normal from the start: it heats up and throttles itself;
-- ``steady``: nothing changes: learning must cost nothing where nothing changes.
+- ``steady``: nothing changes: learning must cost nothing where nothing changes;
+- ``quiet``: at light load, a neighbour takes half its SMs from the start and leaves at half the
+  run: judged slow, instance 0 gets no requests that could show it is fast again, unless what its
+  model learned fades (``steersman-remembers``: it does not).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from steersman.control.harness.workloads import Trace
 from steersman.control.sim.gpu import GpuEvent
 from steersman.control.sim.profiles import StepModel, load_profile
 
-SCENARIOS = ("mixed", "throttle", "recover", "neighbour", "fan", "steady")
+SCENARIOS = ("mixed", "throttle", "recover", "neighbour", "fan", "steady", "quiet")
 TRACKED = 0.10  # a model tracks a change once its step-time error stays under this
 
 
@@ -64,6 +67,7 @@ def scenario_fleet(
         "recover": (half, (GpuEvent(0.0, clock_cap=0.6), GpuEvent(half, clock_cap=1.0))),
         "neighbour": (third, (GpuEvent(third, contention=0.5),)),
         "fan": (None, (GpuEvent(0.0, cooling=0.25),)),
+        "quiet": (half, (GpuEvent(0.0, contention=0.5), GpuEvent(half, contention=0.0))),
     }
     if scenario not in events:
         raise ValueError(f"unknown fleet scenario {scenario!r}: {', '.join(SCENARIOS)}")
@@ -72,13 +76,18 @@ def scenario_fleet(
     return bench.Fleet(profiles, {0: evs} if evs else {}, prior=prior), at
 
 
-def variant_fleets(fleet: bench.Fleet) -> dict[str, tuple[bench.Variant, bench.Fleet]]:
+def variant_fleets(
+    fleet: bench.Fleet, scenario: str = ""
+) -> dict[str, tuple[bench.Variant, bench.Fleet]]:
     v = bench.variants()
-    return {
+    out = {
         "least-load": (v["least-load"], fleet),
         "steersman": (v["steersman"], fleet),
         "steersman-frozen": (v["steersman"], replace(fleet, learn=False)),
     }
+    if scenario == "quiet":
+        out["steersman-remembers"] = (v["steersman"], replace(fleet, forget=False))
+    return out
 
 
 def tracking(learned: Sequence[tuple[float, int, float, float]], at: float) -> dict[str, Any]:
@@ -125,6 +134,7 @@ class FleetOptions:
     scenarios: tuple[str, ...] = SCENARIOS
     slo_ttft_s: float = 1.0
     level: float = 0.8  # the change scenarios' load, of least-load's capacity on the fleet
+    quiet_level: float = 0.1  # the quiet scenario's
     steady: bench.Steady = field(default_factory=bench.Steady)
     seed: int = 0
 
@@ -150,8 +160,9 @@ def run(
         else:
             if base_capacity is None:
                 base_capacity = _capacity("least-load", items, trace, fleet, options)
-            rate = options.level * base_capacity
-            for name, (variant, f) in variant_fleets(fleet).items():
+            level = options.quiet_level if scenario == "quiet" else options.level
+            rate = level * base_capacity
+            for name, (variant, f) in variant_fleets(fleet, scenario).items():
                 r = bench.steady_run(name, variant, items, trace, rate, profiles[0],
                                      len(profiles), steady, seed=options.seed, fleet=f)  # fmt: skip
                 runs[name] = _summary(r, at)
@@ -162,7 +173,7 @@ def run(
                                      seed=options.seed)  # fmt: skip
                 runs["steersman-no-telemetry"] = _summary(r, None)
                 say(_line(scenario, "steersman-no-telemetry", runs["steersman-no-telemetry"]))
-            runs["rate_rps"] = round(rate, 3)
+            runs["rate_rps"], runs["level"] = round(rate, 3), level
         out["scenarios"][scenario] = runs
     return out
 
@@ -221,6 +232,9 @@ def _summary(run: dict[str, Any], at: float | None) -> dict[str, Any]:
     out = {k: run[k] for k in keys}
     if at is not None and run["learned"]:
         out["tracking"] = tracking(run["learned"], at)
+    if at is not None:
+        after = [k for t, k in run["dispatch_all"] if t >= at]
+        out["instance0_after_change"] = after.count(0)
     mine = [(f, truth) for _, k, f, truth in run["learned"] if k == 0]
     if mine:
         out["instance0_factor_end"] = round(mine[-1][0], 4)
@@ -244,6 +258,7 @@ def _described(options: FleetOptions) -> dict[str, Any]:
         "homogeneous": options.homogeneous,
         "slo_ttft_p99_s": options.slo_ttft_s,
         "level": options.level,
+        "quiet_level": options.quiet_level,
         "steady_state": {"duration_s": s.duration_s, "warmup_s": s.warmup_s, "growth": s.growth},
         "seed": options.seed,
     }

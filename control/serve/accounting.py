@@ -136,8 +136,9 @@ class Accounts:
         if instance is not None and job.assignment is not None:
             # The clock it decoded at: its GPU's readings since its first token.
             x = {"running": job.assignment.running + 1, **instance.gpu(result.first_token_at)}
-            instance.latency.learn_one(x, result.tpot)
-            instance.refresh()
+            now = self.clock()
+            instance.latency.learn_one(x, result.tpot, now=now)
+            instance.refresh(now)
         self.apply(report)
 
     def apply(self, report: Report) -> None:

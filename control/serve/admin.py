@@ -47,7 +47,7 @@ def admin_state(svc: Steersman) -> dict[str, Any]:
                     else d.admission
                 ),
                 "latency_model": {
-                    **i.latency.state(),
+                    **i.latency.state(now),
                     "step_s": i.coefficients.step(1) if i.coefficients else None,
                 },
             }

@@ -225,8 +225,8 @@ class Daemon:
             instance = svc.instances.get(name)
             if instance is None:
                 continue
-            if instance.latency.adopt(model):
-                instance.refresh()
+            if instance.latency.adopt(model, svc.clock()):
+                instance.refresh(svc.clock())
             else:
                 log.info("latency model of %s: the checkpoint's is of another kind, not used", name)
         # Monotonic times of the old process, moved onto this one's clock.
@@ -331,6 +331,7 @@ class Daemon:
                 self.settings.telemetry,
                 sink=lambda row: self.writer.submit("instance_stats", row),
                 in_flight=self.service.scheduler.in_flight,
+                clock=self.service.clock,
             )
             self.service.no_kv_capacity = watcher.no_capacity
 

@@ -51,8 +51,10 @@ class Instance:
         except Exception:  # telemetry is advisory: a failing source costs features, not requests
             return {}
 
-    def refresh(self) -> None:
-        self.coefficients = self.latency.coefficients(self.gpu())
+    def refresh(self, now: float | None = None) -> None:
+        """Read the latency model again; ``now`` (the service's clock) lets what it learned
+        fade while the instance finishes nothing."""
+        self.coefficients = self.latency.coefficients(self.gpu(), now)
 
     def step_times(self) -> dict[str, float | None]:
         """One decode step with one sequence, learned and profiled (for the history)."""

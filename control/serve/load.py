@@ -31,8 +31,10 @@ class LoadWatcher:
         *,
         sink: Callable[[dict[str, Any]], None],
         in_flight: Callable[[str], int],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.instances = instances
+        self.clock = clock
         self.settings = settings
         self.in_flight = in_flight
         by_name = {i.name: i for i in instances}
@@ -60,10 +62,12 @@ class LoadWatcher:
     async def step(self) -> None:
         if self.scraper.states:
             await self.scraper.scrape_once()
-        record = time.monotonic() >= self._next_row
+        now = self.clock()
+        record = now >= self._next_row
         if record:
-            self._next_row = time.monotonic() + self.settings.aggregate_s
+            self._next_row = now + self.settings.aggregate_s
         for instance in self.instances:
+            instance.refresh(now)
             backend = instance.backend
             if isinstance(backend, SimBackend):
                 instance.kv_usage, instance.waiting = backend.load()
@@ -78,7 +82,6 @@ class LoadWatcher:
                 held = round((m.running or 0) + (m.waiting or 0))
                 instance.others = max(held - self.in_flight(instance.name), 0)
                 self._capacity(instance, m.num_gpu_blocks, m.block_size)
-            instance.refresh()
 
     def _capacity(self, instance: Instance, blocks: int | None, block_size: int | None) -> None:
         if blocks and block_size:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from steersman.control.core.scheduler import Arrival, InstanceState, Outcome, Scheduler
+from steersman.control.core.scheduler import Arrival, InstanceState, Outcome, Report, Scheduler
 from steersman.control.sim.engine import SimEngine, SimRequest
 from steersman.learners.latency import LatencyModel, StepCoefficients
 from steersman.telemetry.sampler import Sampler
@@ -38,6 +38,7 @@ class CoreDriver:
         self.latency = latency
         self.sampler = sampler
         self._steps: list[StepCoefficients] | None = None  # per engine, while they hold
+        self._steps_at = -math.inf  # read again every second: what was learned fades
         self.served: dict[str, int] = {}  # request id -> the engine it was sent to
         self._prefilling: set[str] = set()  # sent, no first token told to the core yet
         self._tick_at = 0.0
@@ -55,6 +56,13 @@ class CoreDriver:
         # at most every ``sample_s``: what a plot of a burst shows.
         self.samples: list[tuple[float, int, int, float]] = []
         self.sample_s = 1.0
+        # (time, outcomes scored so far, the mode entered, why): what the daemon writes to SQL.
+        self.modes: list[tuple[float, int, str, str]] = []
+
+    def _modes(self, report: Report, now: float) -> None:
+        for e in report.events:
+            if e.kind == "mode" and e.to_mode is not None:
+                self.modes.append((now, self.scheduler.stats.scored, e.to_mode, e.reason))
 
     def arrive(
         self, req: SimRequest, engines: Sequence[SimEngine], now: float
@@ -81,7 +89,7 @@ class CoreDriver:
             self._requests.pop(req.id, None)
             self._pushed.pop(req.id, None)
             self._prefilling.discard(req.id)
-            self.scheduler.finish(req.id, Outcome(req.generated), now)
+            self._modes(self.scheduler.finish(req.id, Outcome(req.generated), now), now)
             k = self.served.get(req.id)
             if self.latency is not None and k is not None and req.generated > 1:
                 self._learn(k, req, engines[k], now)
@@ -92,11 +100,11 @@ class CoreDriver:
         tpot = (now - req.first_token_at) / (req.generated - 1)
         x = {"running": len(engine.running) + 1, **self._gpu(k, now, req.first_token_at)}
         model = self.latency[k]
-        model.learn_one(x, tpot)
+        model.learn_one(x, tpot, now=now)
         truth = engine.gpu.slowdown if engine.gpu is not None else 1.0
-        self.learned.append((now, k, model.factor(x), truth))
+        self.learned.append((now, k, model.factor(x, now), truth))
         if self._steps is not None:
-            self._steps[k] = model.coefficients(x)
+            self._steps[k] = model.coefficients(x, now)
 
     def _gpu(self, k: int, now: float, since: float | None = None) -> dict[str, Any]:
         return self.sampler.features(k, now, since) if self.sampler is not None else {}
@@ -114,10 +122,12 @@ class CoreDriver:
         self._steps = None
 
     def _step_times(self, n: int, now: float) -> list[StepCoefficients]:
-        if self._steps is None or len(self._steps) != n:
+        stale = self.latency is not None and now >= self._steps_at + 1.0
+        if self._steps is None or len(self._steps) != n or stale:
             if self.latency is not None:
+                self._steps_at = now
                 self._steps = [
-                    m.coefficients(self._gpu(k, now)) for k, m in enumerate(self.latency)
+                    m.coefficients(self._gpu(k, now), now) for k, m in enumerate(self.latency)
                 ]
             elif isinstance(self.step, StepCoefficients):
                 self._steps = [self.step] * n
@@ -127,7 +137,7 @@ class CoreDriver:
 
     def _schedule(self, engines: Sequence[SimEngine], now: float) -> list[tuple[int, SimRequest]]:
         scheduler = self.scheduler
-        scheduler.tick(now)
+        self._modes(scheduler.tick(now), now)
         self._telemetry(now)
         steps = self._step_times(len(engines), now)
         # A first token is told at once (it ends the request's prefill, which the next arrival

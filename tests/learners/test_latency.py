@@ -89,3 +89,57 @@ def test_a_checkpoint_of_another_kind_is_not_adopted(saved):
     fresh = model()
     assert not fresh.adopt(saved)
     assert fresh.learned == 0 and fresh.coefficients({"sm_clock_mhz": 1000.0}) == PRIOR
+
+
+def slowed(now: float | None = None, outcomes: int = 50) -> LatencyModel:
+    """A model that learned its instance runs twice as slow as profiled, last at ``now``."""
+    m = model()
+    for _ in range(outcomes):
+        m.learn_one({"running": 1, "sm_clock_mhz": 1000.0}, 2 * PRIOR.step(1), now=now)
+    return m
+
+
+@pytest.mark.parametrize(
+    ("idle_s", "trust"),
+    [(0.0, 1.0), (30.0, 1.0), (45.0, 0.5), (60.0, 0.25), (330.0, 0.5**20)],
+)
+def test_what_was_learned_fades_once_the_instance_finishes_nothing(idle_s, trust):
+    m = slowed(now=100.0)
+    assert m.trust(100.0 + idle_s) == pytest.approx(trust)
+    assert m.factor({}, 100.0 + idle_s) == pytest.approx(2.0**trust, rel=0.01)
+    assert m.state(100.0 + idle_s)["trust"] == pytest.approx(trust, abs=1e-4)
+
+
+def test_an_instance_that_keeps_finishing_requests_never_forgets():
+    m = model()
+    for k in range(600):  # one outcome every 20 s for 200 minutes
+        m.learn_one({"running": 1}, 2 * PRIOR.step(1), now=20.0 * k)
+    assert m.trust(20.0 * 600) == 1.0
+    assert m.factor({}, 20.0 * 600) == pytest.approx(2.0, rel=0.01)
+
+
+def test_learning_after_a_fade_starts_from_what_is_still_believed():
+    m = slowed(now=0.0)
+    m.learn_one({"running": 1}, PRIOR.step(1), now=60.0)  # at the profile's speed again
+    # 0.25 of log 2 still believed, as much as 0.25 / alpha = 5 outcomes, then one at log 1
+    believed = 0.25 * math.log(2)
+    assert m.factor({}, 60.0) == pytest.approx(math.exp(5 * believed / 6), rel=1e-6)
+    assert m.factor({}, 60.0) < 2.0**0.25  # what it saw moved it toward what it saw
+    assert m.trust(60.0) == 1.0  # fresh evidence, trusted again
+
+
+def test_after_a_long_silence_one_outcome_says_most_of_what_is_known():
+    m = slowed(now=0.0)  # twice as slow, then silent long enough to forget it
+    m.learn_one({"running": 1}, 1.5 * PRIOR.step(1), now=600.0)
+    assert m.factor({}, 600.0) == pytest.approx(1.5, rel=1e-3)
+
+
+def test_without_times_nothing_fades():
+    m = slowed(now=None)
+    assert m.trust(1e9) == 1.0 and m.factor({}, 1e9) == pytest.approx(2.0, rel=0.01)
+
+
+def test_an_adopted_model_counts_its_idle_time_from_the_adoption():
+    fresh = model()
+    assert fresh.adopt(slowed(now=5.0), now=1000.0)  # the old process's clock means nothing here
+    assert fresh.trust(1020.0) == 1.0 and fresh.trust(1045.0) == pytest.approx(0.5)

@@ -27,19 +27,22 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
     shutil.copytree(tiny_model, data / "models" / "tiny-llama")
     out = tmp_path / "out"
     args = ["--suite", "fleet", "--fleet", "1xa100-llama2-7b+1xa30-llama2-7b"]
-    args += ["--homogeneous", "2xa100-llama2-7b", "--fleet-scenarios", "throttle,steady"]
+    args += ["--homogeneous", "2xa100-llama2-7b", "--fleet-scenarios", "throttle,steady,quiet"]
     args += ["--steady-s", "60", "--warmup-s", "15", "--requests", "400"]
     args += ["--train-budget", "10", "--out", str(out)]
     done = bench(args, data)
     assert done.returncode == 0, done.stderr[-3000:]
     fleet = json.loads((out / "results.json").read_text())["fleet"]
-    assert list(fleet["scenarios"]) == ["throttle", "steady"]
+    assert list(fleet["scenarios"]) == ["throttle", "steady", "quiet"]
     for scenario, runs in fleet["scenarios"].items():
         assert runs["rate_rps"] > 0
         policies = {"least-load", "steersman", "steersman-frozen"}
         if scenario == "steady":
             policies.add("steersman-no-telemetry")
-        assert set(runs) - {"rate_rps"} == policies
+        if scenario == "quiet":
+            policies.add("steersman-remembers")
+            assert runs["level"] == 0.1 and "instance0_after_change" in runs["steersman"]
+        assert set(runs) - {"rate_rps", "level"} == policies
         for name in policies:
             assert sum(runs[name]["served_by"]) == runs[name]["measured"] > 0
     assert "tracking" in fleet["scenarios"]["throttle"]["steersman"]
@@ -47,6 +50,8 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
     assert "## Fleets that differ and GPUs that slow down" in report
     assert "2xa100-llama2-7b, throttle: instance 0's clock capped at 60%" in report
     assert "| steersman-frozen | " in report and "tracked after |" in report
+    assert "2xa100-llama2-7b, quiet: at light load" in report
+    assert "| steersman-remembers | " in report
 
 
 @pytest.mark.parametrize(

@@ -97,3 +97,14 @@ def test_the_qoe_rule_runs_in_every_engine_of_its_policies(policy):
     assert bench.variants()[policy].qoe.enabled
     others = [v for p, v in bench.variants().items() if p not in QOE_POLICIES]
     assert all(v.qoe is None for v in others)
+
+
+def test_a_run_records_when_the_controller_changed_mode_and_why():
+    times = [0.5 * k for k in range(300)]
+    constant = bench.run_sim("constant", bench.variants()["constant"], pool(300, 3), times, A30, 2)
+    assert constant["modes"] and constant["fallbacks"] >= 1
+    first = constant["modes"][0]
+    assert first[2] == "FALLBACK" and first[1] >= 1  # after outcomes were scored
+    assert "misses" in first[3] or "rank" in first[3]
+    truth = bench.run_sim("oracle", bench.variants()["oracle"], pool(300, 3), times, A30, 2)
+    assert truth["modes"] == [] and truth["fallbacks"] == 0

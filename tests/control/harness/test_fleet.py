@@ -24,12 +24,14 @@ def workload() -> tuple[list[bench.Item], Trace]:
     return bench.trace_items(trace, errors, 2000, 4096, 0), trace
 
 
-def run(workload, scenario: str, name: str, rate: float = 6.0) -> tuple[dict, float | None]:
+def run(
+    workload, scenario: str, name: str, rate: float = 6.0, steady: bench.Steady = STEADY
+) -> tuple[dict, float | None]:
     items, trace = workload
     profiles = fleet.parse_fleet("2xa100-llama2-7b")
-    f, at = fleet.scenario_fleet(scenario, profiles, STEADY)
-    variant, chosen = fleet.variant_fleets(f)[name]
-    r = bench.steady_run(name, variant, items, trace, rate, profiles[0], 2, STEADY, fleet=chosen)
+    f, at = fleet.scenario_fleet(scenario, profiles, steady)
+    variant, chosen = fleet.variant_fleets(f, scenario)[name]
+    r = bench.steady_run(name, variant, items, trace, rate, profiles[0], 2, steady, fleet=chosen)
     return r, at
 
 
@@ -55,6 +57,25 @@ def test_nothing_changes_where_no_gpu_changes(workload):
     truths = {truth for _, _, _, truth in steady["learned"]}
     assert truths == {1.0}  # a healthy, moderately loaded GPU never throttles
     assert steady["stable"] and steady["finished"] == steady["requests"]
+
+
+def test_at_light_load_an_instance_judged_slow_is_tried_again_once_its_judgment_fades(workload):
+    longer = bench.Steady(duration_s=150.0, warmup_s=15.0)  # 75 s after the neighbour leaves
+    forgets, at = run(workload, "quiet", "steersman", rate=1.0, steady=longer)
+    remembers, _ = run(workload, "quiet", "steersman-remembers", rate=1.0, steady=longer)
+    assert at is not None
+
+    def after(r):  # instance 0's (time, planned factor) at its outcomes after the change
+        return [(t, f) for t, k, f, _ in r["learned"] if k == 0 and t >= at]
+
+    assert len(after(forgets)) > len(after(remembers))
+    # Back near its true speed (1x the others'), where the remembering model still plans the
+    # neighbour's slowdown it can no longer see.
+    assert after(forgets) and after(forgets)[-1][1] < 1.2
+    last_remembered = [f for _, k, f, _ in remembers["learned"] if k == 0][-1]
+    assert last_remembered > 1.3
+    for r in (forgets, remembers):
+        assert r["stable"] and sum(r["served_by"]) == r["measured"]
 
 
 @pytest.mark.parametrize(
