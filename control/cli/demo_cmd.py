@@ -79,7 +79,6 @@ def demo_command(
         demo_workload,
         run_demo,
     )
-    from steersman.control.serve.admin import admin_state
     from steersman.control.serve.daemon import GatewayFailed
     from steersman.control.training.bundled import ensure_length_model
 
@@ -129,11 +128,13 @@ def demo_command(
             failed += 0 if outcome.ok else 1
             info = ""
             if "daemon" in state:
-                snap = admin_state(state["daemon"].service)
-                score = snap["predictor"]
-                within = score.get("within_30")
+                # The daemon serves on its own thread: read single values, never walk its
+                # containers (they change under a reader here).
+                core = state["daemon"].service.scheduler
+                score = getattr(core.corrector, "score", None)
+                within = score.hit_rate.get() if score is not None and score.count else None
                 info = (
-                    f"mode {snap['mode']}  queue {snap['queue_depth']}  "
+                    f"mode {core.state.mode}  queue {core.depth}  "
                     f"within-30% {'-' if within is None else f'{within:.2f}'}  failed {failed}"
                 )
             progress.update(advance=1, info=info)
