@@ -119,7 +119,8 @@ def test_bench_real_suite_from_the_repository_root(tmp_path, tiny_model):
     for run in runs:
         assert run["succeeded"] == run["requests"] == 24, run
         assert 0 < run["e2e_p50_s"] <= run["e2e_p99_s"] and run["e2e_mean_s"] > 0
-        assert 0 <= run["qoe_p10"] <= run["qoe_mean"] <= 1
+        # Not p10 <= mean: one stream far behind pulls the mean below the tenth percentile.
+        assert 0 <= run["qoe_p10"] <= 1 and 0 <= run["qoe_mean"] <= 1
         assert 0 <= run["qoe_below_0_9"] <= 1 and 0 <= run["qoe_at_least_0_5"] <= 1
     assert "Real vLLM CPU: a burst of 24 requests in 3 s" in (out / "report.md").read_text()
 

@@ -34,7 +34,8 @@ def test_every_policy_gets_a_qoe_capacity_and_an_overload_on_the_same_arrivals()
     assert len(requests) == 1  # identical arrivals for every policy
     for r in overload.values():
         assert r["finished"] == r["requests"]  # an overload loses nothing
-        assert 0 <= r["qoe_below_0_9"] <= 1 and 0 <= r["qoe_p10"] <= r["qoe_mean"] <= 1
+        assert 0 <= r["qoe_below_0_9"] <= 1  # p10 may exceed the mean (one stream far behind)
+        assert 0 <= r["qoe_p10"] <= 1 and 0 <= r["qoe_mean"] <= 1
     assert overload["least-load"]["qoe_below_0_9"] > 0  # it was an overload
     assert len(said) == 2 * len(options.policies)
     report = "\n".join(bench_report.qoe_section(out))
