@@ -13,13 +13,16 @@ of the correction of the base model's).
 Beside the point, a band: the prediction times the ``(1 - c) / 2`` and ``(1 + c) / 2`` quantiles
 of ``log1p(actual) - log1p(predicted)`` over the class's recent requests (River's rolling
 quantiles: the jackknife's conformal interval, per class). It holds coverage ``c`` by construction
-over the window, and widens or narrows as the predictions get worse or better.
+over the window, and widens or narrows as the predictions get worse or better. Until a class has
+``band_min`` outcomes its band is what the served model's validation errors say (``adopt_errors``:
+the quantiles its training measured, the Block article's preload of typical requests), or a
+factor of 2 each way for a model that measured none and for the fast path.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +120,7 @@ class LengthCorrector:
         self.prior_strength = prior_strength
         self.band_resets = 0  # bands that came out NaN or inverted: reset, never used
         self.bands: dict[str, tuple[stats.RollingQuantile, stats.RollingQuantile, int]] = {}
+        self.base_spread: tuple[float, float] | None = None  # adopt_errors: the model's claim
         self.class_means: dict[str, utils.Rolling] = {}
         self.residual = _model(lr, l2, intercept_lr)
         self.direct = _model(lr, l2, intercept_lr)
@@ -152,18 +156,44 @@ class LengthCorrector:
             out[PRIOR_WEIGHT] = got.n / (got.n + self.prior_strength)
         return out
 
+    def adopt_errors(self, quantiles: Sequence[float] | None) -> None:
+        """Bands before a class has outcomes, from the served model's validation errors:
+        ``quantiles`` cut ``log1p(actual) - log1p(predicted)`` into ``len + 1`` equal parts
+        (``learners.metrics.error_quantiles``; ``None``, or anything that is not an increasing
+        list of finite numbers: a factor of 2).
+
+        >>> c = LengthCorrector(coverage=0.8)
+        >>> c.adopt_errors([-2.2, -1.0, -0.5, -0.2, 0.0, 0.3, 0.6, 1.0, 1.8])  # deciles
+        >>> c.base_spread
+        (-2.2, 1.8)
+        >>> band = c.predict_band({"base_tokens": 100.0})
+        >>> round(band.lo), round(band.hi), round(c.predict_band({}).hi)  # the fast path: x2
+        (10, 610, 257)
+        """
+        self.base_spread = None
+        values = [v for v in quantiles or () if _finite(v) is not None]
+        if len(values) < 2 or len(values) != len(quantiles or ()) or values != sorted(values):
+            return
+        half = (1 - self.coverage) / 2
+        low, high = _interpolated(values, half), _interpolated(values, 1 - half)
+        # A band must hold the point: a model biased one way still gets a band around it.
+        self.base_spread = (round(min(low, 0.0), 6), round(max(high, 0.0), 6))
+
     def predict_band(self, x: Mapping[str, Any]) -> Band:
         """The prediction with its band (see the module docstring)."""
         mid = self.predict_one(x)
         cls = str(x.get("request_class", "other"))
-        low, high = -DEFAULT_SPREAD, DEFAULT_SPREAD
+        default = -DEFAULT_SPREAD, DEFAULT_SPREAD
+        if self.base_spread is not None and _finite(x.get(BASE_KEY)) is not None:
+            default = self.base_spread
+        low, high = default
         got = self.bands.get(cls)
         if got is not None and got[2] >= self.band_min:
             low, high = got[0].get(), got[1].get()
             if not (math.isfinite(low) and math.isfinite(high)) or low > high:
                 self.band_resets += 1
                 del self.bands[cls]
-                low, high = -DEFAULT_SPREAD, DEFAULT_SPREAD
+                low, high = default
         base = math.log1p(mid)
         upper = self._upper(x.get("max_tokens"))
         lo = min(max(math.expm1(base + low), 1.0), mid)
@@ -239,7 +269,8 @@ class LengthCorrector:
 
     def reset(self) -> None:
         """Forget what was learned online (the controller's hot model update, a new model): the
-        corrections, and the bands, which described the errors of the corrected predictions."""
+        corrections, and the bands, which described the errors of the corrected predictions
+        (what the model's validation said stays: ``adopt_errors`` for a new model)."""
         self.residual = _model(self.lr, self.l2, self.intercept_lr)
         self.direct = _model(self.lr, self.l2, self.intercept_lr)
         self.detector = drift.ADWIN(delta=self.drift_delta)
@@ -257,6 +288,14 @@ class LengthCorrector:
         if value < 1.0 or value > upper:
             return min(max(value, 1.0), upper)
         return value
+
+
+def _interpolated(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile from the cut points of ``len + 1`` equal parts, linearly interpolated
+    (beyond the outer cut points: those)."""
+    at = min(max(q * (len(values) + 1) - 1, 0.0), len(values) - 1.0)
+    k = min(int(at), len(values) - 2)
+    return values[k] + (at - k) * (values[k + 1] - values[k])
 
 
 def _finite(value: Any) -> float | None:

@@ -55,6 +55,23 @@ class ProgressiveScore:
         }
 
 
+def error_quantiles(
+    predicted_log: list[float], actual_log: list[float], parts: int = 20
+) -> list[float] | None:
+    """The cut points of ``actual - predicted`` (log lengths) into ``parts`` equal parts: what a
+    model's validation says of its errors, for the corrector's bands before any outcome
+    (``LengthCorrector.adopt_errors``). ``None`` with fewer than ``parts`` pairs.
+
+    >>> error_quantiles([0.0] * 4, [-1.0, 0.0, 1.0, 2.0], parts=4)
+    [-0.75, 0.5, 1.75]
+    """
+    errors = [a - p for p, a in zip(predicted_log, actual_log, strict=True)]
+    errors = [e for e in errors if math.isfinite(e)]
+    if len(errors) < parts:
+        return None
+    return [round(q, 4) for q in statistics.quantiles(errors, n=parts)]
+
+
 def score(pairs: list[tuple[float, float]]) -> dict[str, float | None]:
     """MAE, median relative error, within-30% rate and Kendall tau of (predicted, actual)."""
     if not pairs:

@@ -415,11 +415,13 @@ class Scheduler:
         if not (self.state.mode == "FALLBACK" and added_at < self.state.since):
             self.rank.update(base, actual)
 
-    def forget(self) -> None:
+    def forget(self, errors: Sequence[float] | None = None) -> None:
         """A new length model serves: what was learned against the old one (the corrector's
-        residuals, the compensation of its bias) starts over."""
+        residuals, the compensation of its bias) starts over, its bands from what the new one's
+        validation said of its errors (``errors``: ``LengthCorrector.adopt_errors``)."""
         if self.corrector is not None:
             self.corrector.reset()
+            self.corrector.adopt_errors(errors)
         self.rank = RankWindow(self.controller.rank_window)
         self.state = replace(self.state, compensation={}, ratios={}, seen={})
 

@@ -321,10 +321,12 @@ def run_sim(
     goodput: tuple[float, float] = (1.0, 0.1),
     window: tuple[float, float] | None = None,
     fleet: Fleet | None = None,
+    band_errors: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """One policy on one workload: every request's arrival at ``times[i]`` (seconds); the
     figures are over the requests that arrived within ``window`` (all of them without one).
-    With a ``fleet``, its instances instead of ``instances`` of ``profile``."""
+    With a ``fleet``, its instances instead of ``instances`` of ``profile``; ``band_errors``:
+    the served model's validation errors, its bands before outcomes (as the daemon adopts)."""
     requests, features = [], {}
     for i, (item, t) in enumerate(zip(items, times, strict=True)):
         rid = f"r{i}"
@@ -342,11 +344,11 @@ def run_sim(
             features[rid] = item.features
         elif variant.predictor == "constant":
             features[rid] = {BASE_KEY: CONSTANT_TOKENS}
+    corrector = LengthCorrector() if variant.predictor == "learned" else None
+    if corrector is not None:
+        corrector.adopt_errors(band_errors)
     core = Scheduler(
-        variant.dispatch,
-        variant.controller,
-        corrector=LengthCorrector() if variant.predictor == "learned" else None,
-        priorities=variant.priorities,
+        variant.dispatch, variant.controller, corrector=corrector, priorities=variant.priorities
     )
     if fleet is None:
         driver = CoreDriver(core, profile.coefficients(), features=features)

@@ -32,6 +32,8 @@ def admin_state(svc: Steersman) -> dict[str, Any]:
         "queue_depth": core.depth,
         "model_version": svc.predictor.model_version,
         "predictor": corrector.score.snapshot() if hasattr(corrector, "score") else {},
+        # the log-error band a class starts with (the served model's validation; null: x2)
+        "initial_band": getattr(corrector, "base_spread", None),
         "instances": [
             {
                 "name": i.name,

@@ -37,7 +37,7 @@ from steersman.control.serve.jobs import PeriodicJobs
 from steersman.control.serve.load import LoadWatcher
 from steersman.control.serve.metrics import Metrics
 from steersman.control.serve.predictor import Predictor
-from steersman.control.serve.served_model import ServedModel, load_length_model
+from steersman.control.serve.served_model import ServedModel, load_length_model, validation_errors
 from steersman.control.serve.service import Steersman
 from steersman.control.serve.settings import Settings
 from steersman.control.training.retrain import Retrainer, retrain_base
@@ -89,6 +89,7 @@ class Daemon:
             band_window=s.predictor.band_window,
             prior_entries=s.predictor.prefix_prior_entries,
         )
+        corrector.adopt_errors(validation_errors(directory))
         predictor = Predictor(
             deadline_s=s.predictor.deadline_ms / 1000, count_tokens=count, model_version=version
         )
@@ -124,7 +125,7 @@ class Daemon:
             s.predictor,
             s.data_dir / "models",
             event=self.event,
-            forget=lambda: self.service.scheduler.forget(),
+            forget=lambda errors: self.service.scheduler.forget(errors),
             model=model,
             directory=directory,
         )

@@ -48,10 +48,22 @@ def load_length_model(
     return model, version or Path(directory).name, Path(directory)
 
 
+def validation_errors(directory: Path | None) -> list[float] | None:
+    """What a model's training measured of its errors on held-out prompts (the quantiles of
+    ``val_error_quantiles``), or ``None`` (a model trained before it was kept, no directory)."""
+    if directory is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, KeyError):
+        got = json.loads((Path(directory) / "steersman.json").read_text())["metrics"]
+        errors = got.get("val_error_quantiles")
+        return [float(v) for v in errors] if isinstance(errors, list) else None
+    return None
+
+
 class ServedModel:
     """The model behind ``predictor`` and its micro-batcher. ``swap`` serves another from the
     next batch on; what was learned online against the old one (the corrector's residuals, the
-    compensation) starts over: ``forget`` is called."""
+    compensation) starts over: ``forget`` is called with the new model's validation errors."""
 
     def __init__(
         self,
@@ -60,7 +72,7 @@ class ServedModel:
         models_dir: Path,
         *,
         event: Event,
-        forget: Callable[[], None],
+        forget: Callable[[list[float] | None], None],
         model: Any = None,
         directory: Path | None = None,
     ) -> None:
@@ -90,8 +102,8 @@ class ServedModel:
             self.batcher.swap(_tokens_of(model))
         previous = self.predictor.model_version
         self.predictor.model_version = version
-        self.forget()
         self.directory = directory or self.models_dir / version
+        self.forget(validation_errors(self.directory))
         self.event("model", f"serving {version} (was {previous or 'the fast predictor'})", {})
 
     def swap_from(self, directory: Path) -> bool:

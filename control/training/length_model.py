@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from steersman.learners.datasets import PromptRecord
-from steersman.learners.metrics import score
+from steersman.learners.metrics import error_quantiles, score
 from steersman.learners.tokens import TokenCounter
 from steersman.storage.registry import (
     model_versions,
@@ -178,6 +178,8 @@ def train_length_model(
         "val_kendall_tau": val["kendall_tau"],
         "val_within_model": within_model(by_source),
         "val_mae_log": report["best_val_mae_log"],
+        # the corrector's bands before outcomes (LengthCorrector.adopt_errors)
+        "val_error_quantiles": error_quantiles(predicted, [targets[i] for i in val_idx]),
         "val_per_set": {
             name: {k: got[k] for k in ("n", "kendall_tau", "within_30", "mae")}
             for name, got in sorted((n, score(p)) for n, p in by_set.items())

@@ -156,3 +156,49 @@ def test_the_fast_path_still_ranks_by_class_and_features():
         for brief in (0.0, 1.0)
     }
     assert got[("code", 1.0)] < got[("code", 0.0)] < got[("chat", 1.0)] < got[("chat", 0.0)]
+
+
+DECILES = [-1.5, -0.8, -0.4, -0.1, 0.0, 0.1, 0.4, 0.9, 2.0]  # cut points of 10 equal parts
+
+
+@pytest.mark.parametrize(
+    ("quantiles", "coverage", "spread"),
+    [
+        (DECILES, 0.8, (-1.5, 2.0)),  # the 0.1 and 0.9 cut points
+        (DECILES, 0.6, (-0.8, 0.9)),
+        (DECILES, 0.7, (-1.15, 1.45)),  # between cut points: interpolated
+        (DECILES, 0.95, (-1.5, 2.0)),  # beyond the outer cut points: those
+        ([0.2, 0.5, 0.9], 0.5, (0.0, 0.9)),  # a model always too short: the band holds the point
+        (None, 0.8, None),
+        ([0.5], 0.8, None),  # too few to say anything
+        ([0.5, -0.5], 0.8, None),  # not increasing
+        ([-1.0, float("nan"), 1.0], 0.8, None),
+        ([-1.0, "x", 1.0], 0.8, None),
+    ],
+)
+def test_the_initial_band_comes_from_the_models_validation_errors(quantiles, coverage, spread):
+    corrector = LengthCorrector(coverage=coverage)
+    corrector.adopt_errors(quantiles)
+    assert corrector.base_spread == (spread and pytest.approx(spread))
+
+
+def test_an_adopted_band_serves_until_the_class_has_outcomes_and_outlives_a_reset():
+    corrector = LengthCorrector(band_min=20)
+    corrector.adopt_errors(DECILES)
+    x = {"request_class": "chat", "base_tokens": 100.0}
+    band = corrector.predict_band(x)
+    assert band.lo == pytest.approx(101 * math.exp(-1.5) - 1)
+    assert band.hi == pytest.approx(101 * math.exp(2.0) - 1)
+    # The fast path has no validation behind it: a factor of 2 each way.
+    fast = corrector.predict_band({"request_class": "chat"})
+    assert fast.hi == pytest.approx(2 * (fast.mid + 1) - 1)
+    # Twenty outcomes of a far better predictor: the class's own band takes over.
+    for x_, y in _noisy(20, random.Random(5), 0.05):
+        corrector.learn_one(x_, y)
+    learned = corrector.predict_band(x)
+    assert learned.hi / learned.lo < 1.5 < band.hi / band.lo
+    # A hot update forgets the learned bands, not what the model's validation said.
+    corrector.reset()
+    assert corrector.predict_band(x) == band
+    corrector.adopt_errors(None)  # a new model that measured none
+    assert corrector.predict_band(x).hi == pytest.approx(2 * 101 - 1)

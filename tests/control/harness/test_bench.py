@@ -3,6 +3,7 @@ or what the cluster holds; arrivals that outlast the trace; a rate whose queue g
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -12,21 +13,30 @@ from steersman.control.harness.workloads import load_trace
 from steersman.control.sim.profiles import PROFILES
 from steersman.data import path
 from steersman.learners.corrector import BASE_KEY
+from steersman.learners.metrics import error_quantiles
 
 TRACE = load_trace(path("azure_conv"))
 A30 = PROFILES["a30-llama2-7b"]
 STEADY = bench.Steady(duration_s=150, warmup_s=30)
 
 
-def pool(n: int, seed: int) -> list[bench.Item]:
-    """Requests of a chat service's lengths, predicted within a factor of about 1.5."""
+def pool(n: int, seed: int, sigma: float = 0.4) -> list[bench.Item]:
+    """Requests of a chat service's lengths, predicted within a factor of about ``e ** sigma``."""
     rng = random.Random(seed)
     items = []
     for _ in range(n):
         out = int(min(3000, max(1, rng.lognormvariate(5.3, 1.0))))
         prompt = int(min(1000, max(4, rng.lognormvariate(4.5, 0.8))))
-        items.append(bench.Item(prompt, out, {BASE_KEY: out * rng.lognormvariate(0, 0.4)}))
+        items.append(bench.Item(prompt, out, {BASE_KEY: out * rng.lognormvariate(0, sigma)}))
     return items
+
+
+def validation(items: list[bench.Item]) -> list[float] | None:
+    """What a validation on these would say of the predictor's errors."""
+    return error_quantiles(
+        [math.log1p(i.features[BASE_KEY]) for i in items],
+        [math.log1p(i.output_tokens) for i in items],
+    )
 
 
 def test_arrivals_beyond_the_trace_take_it_again():
@@ -108,3 +118,22 @@ def test_a_run_records_when_the_controller_changed_mode_and_why():
     assert "misses" in first[3] or "rank" in first[3]
     truth = bench.run_sim("oracle", bench.variants()["oracle"], pool(300, 3), times, A30, 2)
     assert truth["modes"] == [] and truth["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_bands_seeded_from_the_models_validation_spare_a_wide_predictor_a_cold_fallback(seed):
+    """A predictor off by a factor of e**1.5 at one sigma misses the default band (x2) five times
+    in its first outcomes; told what its validation measured, it is judged against that."""
+    times = [0.25 * k for k in range(400)]
+    items, steersman = pool(400, seed, sigma=1.5), bench.variants()["steersman"]
+    cold = bench.run_sim("steersman", steersman, items, times, A30, 2)
+    assert cold["fallbacks"] >= 1 and cold["modes"][0][1] <= 25
+    errors = validation(pool(400, seed + 100, sigma=1.5))
+    seeded = bench.run_sim("steersman", steersman, items, times, A30, 2, band_errors=errors)
+    assert seeded["fallbacks"] == 0 and seeded["modes"] == []
+    # A constant model that claims a good validation is caught as soon as without one.
+    constant = [bench.Item(i.prompt_tokens, i.output_tokens, {BASE_KEY: 128.0}) for i in items]
+    good = validation(pool(400, seed + 100, sigma=0.4))
+    caught = bench.run_sim("steersman", steersman, constant, times, A30, 2, band_errors=good)
+    plain = bench.run_sim("steersman", steersman, constant, times, A30, 2)
+    assert caught["fallbacks"] >= 1 and caught["modes"][0][1] <= plain["modes"][0][1]

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import insert, text
 
+from steersman.control.serve.admin import admin_state
 from steersman.control.serve.daemon import Daemon
 from steersman.control.training.retrain import Retrainer, history_records
 from steersman.data import path
@@ -85,6 +86,14 @@ def test_promote_then_reject_a_worse_candidate_and_serve_throughout(daemon):
     assert daemon.service.predictor.model_version == first.version
     assert daemon.model.batcher is not None
     assert daemon.model.directory.name == first.version
+    # Its validation errors are the bands a class starts with (as /admin/state shows).
+    errors = json.loads((daemon.model.directory / "steersman.json").read_text())["metrics"][
+        "val_error_quantiles"
+    ]
+    assert len(errors) == 19 and errors == sorted(errors)
+    low, high = daemon.service.scheduler.corrector.base_spread
+    assert low <= 0 <= high and (low, high) != (0, 0)
+    assert admin_state(daemon.service)["initial_band"] == (low, high)
 
     async def predict():
         return await daemon.service.predictor.predict("List 5 fruits.", max_tokens=300)
