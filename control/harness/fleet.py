@@ -28,6 +28,7 @@ from steersman.control.sim.profiles import StepModel, load_profile
 
 SCENARIOS = ("mixed", "throttle", "recover", "neighbour", "fan", "steady", "quiet")
 TRACKED = 0.10  # a model tracks a change once its step-time error stays under this
+FLOOR_LEVEL = 0.05  # the first-token floor's load: requests hardly ever meet
 
 
 def parse_fleet(text: str) -> tuple[StepModel, ...]:
@@ -137,6 +138,7 @@ class FleetOptions:
     quiet_level: float = 0.1  # the quiet scenario's
     steady: bench.Steady = field(default_factory=bench.Steady)
     seed: int = 0
+    seeds: int = 5  # the steady scenario's arrival seeds (learning's cost judged on their mean)
 
 
 def run(
@@ -160,6 +162,7 @@ def run(
         else:
             if base_capacity is None:
                 base_capacity = _capacity("least-load", items, trace, fleet, options)
+                out["floor"] = _floor(items, trace, profiles, base_capacity, options)
             level = options.quiet_level if scenario == "quiet" else options.level
             rate = level * base_capacity
             for name, (variant, f) in variant_fleets(fleet, scenario).items():
@@ -168,13 +171,38 @@ def run(
                 runs[name] = _summary(r, at)
                 say(_line(scenario, name, runs[name]))
             if scenario == "steady":  # the same policy without simulated GPUs or learning
-                r = bench.steady_run("steersman", bench.variants()["steersman"], items, trace,
-                                     rate, profiles[0], len(profiles), steady,
-                                     seed=options.seed)  # fmt: skip
+                r = _untouched(items, trace, rate, profiles, options, options.seed)
                 runs["steersman-no-telemetry"] = _summary(r, None)
                 say(_line(scenario, "steersman-no-telemetry", runs["steersman-no-telemetry"]))
+                runs["seeds"] = _seeds(items, trace, rate, fleet, profiles, options, runs)
             runs["rate_rps"], runs["level"] = round(rate, 3), level
         out["scenarios"][scenario] = runs
+    return out
+
+
+def _untouched(items, trace, rate, profiles, options, seed) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return bench.steady_run("steersman", bench.variants()["steersman"], items, trace, rate,
+                            profiles[0], len(profiles), options.steady, seed=seed)  # fmt: skip
+
+
+def _seeds(items, trace, rate, fleet, profiles, options, runs) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The steady scenario's learning-against-untouched ratios over ``options.seeds`` arrival
+    seeds: one run's tail moves by a few percent with any perturbation, so whether learning costs
+    anything where nothing changes is judged on their mean."""
+    pairs = [(runs["steersman"], runs["steersman-no-telemetry"])]
+    for seed in range(options.seed + 1, options.seed + options.seeds):
+        r = bench.steady_run("steersman", bench.variants()["steersman"], items, trace, rate,
+                             profiles[0], len(profiles), options.steady, seed=seed,
+                             fleet=fleet)  # fmt: skip
+        pairs.append((r, _untouched(items, trace, rate, profiles, options, seed)))
+    out: dict[str, Any] = {"seeds": len(pairs)}
+    for key in ("ttft_p99_s", "e2e_mean_s", "norm_mean_s"):
+        ratios = [a[key] / b[key] for a, b in pairs if b[key]]
+        out[key] = {
+            "mean": round(statistics.fmean(ratios), 4),
+            "min": round(min(ratios), 4),
+            "max": round(max(ratios), 4),
+        }
     return out
 
 
@@ -191,6 +219,20 @@ def _capacities(items, trace, fleet, options, say) -> dict[str, Any]:  # type: i
         say(f"mixed {name:<18} capacity {rate:.2f} req/s; at 0.8x least-load's: "
             + _line("", "", runs[name]["at_0.8"]))  # fmt: skip
     return runs
+
+
+def _floor(items, trace, profiles, capacity, options) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Least-load's first tokens on the healthy fleet at ``FLOOR_LEVEL`` of its capacity, over
+    ten times the run (as many requests): each prompt's prefill with next to nothing beside it,
+    which no dispatch rule goes below at any load."""
+    s = options.steady
+    steady = replace(s, duration_s=10 * s.duration_s)
+    rate = FLOOR_LEVEL * capacity
+    r = bench.steady_run("least-load", bench.variants()["least-load"], items, trace, rate,
+                         profiles[0], len(profiles), steady, seed=options.seed,
+                         fleet=bench.Fleet(profiles))  # fmt: skip
+    keys = ("ttft_p50_s", "ttft_p99_s", "measured")
+    return {"level": FLOOR_LEVEL, "rate_rps": round(rate, 3), **{k: r[k] for k in keys}}
 
 
 def _parts(items, trace, profiles, options, say) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -261,4 +303,5 @@ def _described(options: FleetOptions) -> dict[str, Any]:
         "quiet_level": options.quiet_level,
         "steady_state": {"duration_s": s.duration_s, "warmup_s": s.warmup_s, "growth": s.growth},
         "seed": options.seed,
+        "seeds": options.seeds,
     }

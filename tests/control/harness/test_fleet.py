@@ -116,3 +116,31 @@ def test_a_mixed_fleet_reports_capacities_and_what_each_kind_carries_alone(workl
     assert "### Mixed fleet: 1xa100-llama2-7b+1xa30-llama2-7b" in report
     assert "Each kind alone behind least-load" in report
     assert any("alone: least-load capacity" in line for line in said)
+
+
+def test_the_first_token_floor_is_measured_once_and_bounds_the_throttled_tail(workload):
+    items, trace = workload
+    options = fleet.FleetOptions(
+        homogeneous="2xa100-llama2-7b", scenarios=("throttle", "steady"), steady=STEADY, seeds=2
+    )
+    out = fleet.run(items, trace, options)
+    floor = out["floor"]
+    assert floor["level"] == fleet.FLOOR_LEVEL
+    assert floor["measured"] > 100  # ten times the run: a tail worth its name
+    assert floor["rate_rps"] == pytest.approx(
+        out["scenarios"]["throttle"]["rate_rps"] / 16, abs=1e-3
+    )
+    # Next to nothing beside each prompt: faster first tokens than the same fleet at 0.8x.
+    for scenario in ("throttle", "steady"):
+        assert floor["ttft_p99_s"] < out["scenarios"][scenario]["least-load"]["ttft_p99_s"]
+    report = "\n".join(bench_report.fleet_section(out))
+    assert "### 2xa100-llama2-7b: the first-token floor" in report
+    assert "least-load's P99 with instance 0 throttled" in report
+    # Learning's cost where nothing changes is judged over arrival seeds, not on one tail.
+    seeds = out["scenarios"]["steady"]["seeds"]
+    assert seeds["seeds"] == 2
+    for key in ("ttft_p99_s", "e2e_mean_s", "norm_mean_s"):
+        v = seeds[key]
+        assert 0.8 < v["min"] <= v["mean"] <= v["max"] < 1.25
+    assert "against `steersman-no-telemetry` over 2 arrival seeds" in report
+    assert "| seeds |" not in report
