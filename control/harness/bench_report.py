@@ -267,9 +267,10 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
             "",
             f"### {o['homogeneous']}: the first-token floor",
             "",
-            f"Least-load on the healthy fleet at {floor['level']:g}x its capacity "
-            f"({_fmt(floor['rate_rps'])} req/s, {floor['measured']} requests over "
-            f"{10 * s['duration_s']:g} s): TTFT p50 {_fmt(floor['ttft_p50_s'])} s, p99 "
+            f"Least-load on the healthy fleet, the change scenarios' {floor['measured']} "
+            f"measured requests arriving {o['level'] / floor['level']:g} times as far apart "
+            f"({_fmt(floor['rate_rps'])} req/s, {floor['level']:g}x its capacity): TTFT p50 "
+            f"{_fmt(floor['ttft_p50_s'])} s, p99 "
             f"{_fmt(floor['ttft_p99_s'])} s"
             + (
                 f" ({_ratio(floor['ttft_p99_s'], throttled['ttft_p99_s'])} least-load's P99 "
@@ -326,7 +327,7 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
             )
         if seeds := runs.get("seeds"):
             spread = ", ".join(
-                f"{label} {v['mean']:.3g}x ({v['min']:.3g}-{v['max']:.3g}x)"
+                f"{label} {v['mean']:.3f}x ({v['min']:.3f}-{v['max']:.3f}x)"
                 for label, v in (
                     ("P99 TTFT", seeds["ttft_p99_s"]),
                     ("E2E mean", seeds["e2e_mean_s"]),

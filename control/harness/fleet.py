@@ -222,11 +222,13 @@ def _capacities(items, trace, fleet, options, say) -> dict[str, Any]:  # type: i
 
 
 def _floor(items, trace, profiles, capacity, options) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """Least-load's first tokens on the healthy fleet at ``FLOOR_LEVEL`` of its capacity, over
-    ten times the run (as many requests): each prompt's prefill with next to nothing beside it,
-    which no dispatch rule goes below at any load."""
+    """Least-load's first tokens on the healthy fleet for the change scenarios' own requests,
+    arriving ``level / FLOOR_LEVEL`` times as far apart (the run and its warm-up stretched as
+    much, so the same requests are measured): each prompt's prefill with next to nothing beside
+    it, which no dispatch rule goes below at any load."""
+    stretch = options.level / FLOOR_LEVEL
     s = options.steady
-    steady = replace(s, duration_s=10 * s.duration_s)
+    steady = replace(s, duration_s=stretch * s.duration_s, warmup_s=stretch * s.warmup_s)
     rate = FLOOR_LEVEL * capacity
     r = bench.steady_run("least-load", bench.variants()["least-load"], items, trace, rate,
                          profiles[0], len(profiles), steady, seed=options.seed,
