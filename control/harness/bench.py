@@ -87,6 +87,14 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
         "oracle": Variant(
             DispatchSettings(policy="oracle"), engine, "truth", ControllerSettings(enabled=False)
         ),
+        # vllm-priority with the true lengths: what the order inside vLLM alone makes of perfect
+        # predictions, against which steersman's queue and dispatch are judged.
+        "vllm-priority-oracle": Variant(
+            DispatchSettings(policy="least-load", engine_order="always", **lb),
+            "priority",
+            "truth",
+            ControllerSettings(enabled=False),
+        ),
         "constant": Variant(DispatchSettings(policy=dispatch), engine, "constant"),
         "prefix-affinity": Variant(
             DispatchSettings(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
@@ -344,6 +352,8 @@ def run_sim(
             features[rid] = item.features
         elif variant.predictor == "constant":
             features[rid] = {BASE_KEY: CONSTANT_TOKENS}
+        elif variant.predictor == "truth":  # what a policy that predicts reads: the truth
+            features[rid] = {BASE_KEY: float(item.output_tokens)}
     corrector = LengthCorrector() if variant.predictor == "learned" else None
     if corrector is not None:
         corrector.adopt_errors(band_errors)

@@ -137,3 +137,17 @@ def test_bands_seeded_from_the_models_validation_spare_a_wide_predictor_a_cold_f
     caught = bench.run_sim("steersman", steersman, constant, times, A30, 2, band_errors=good)
     plain = bench.run_sim("steersman", steersman, constant, times, A30, 2)
     assert caught["fallbacks"] >= 1 and caught["modes"][0][1] <= plain["modes"][0][1]
+
+
+def test_vllm_priority_oracle_orders_vllm_by_the_true_lengths_whatever_the_model_said():
+    times = [0.05 * k for k in range(400)]  # 20 req/s on two A30s: a queue builds
+    items = pool(400, 5)
+    wrong = [bench.Item(i.prompt_tokens, i.output_tokens, {BASE_KEY: 1.0}) for i in items]
+    oracle = bench.variants()["vllm-priority-oracle"]
+    told = bench.run_sim("vllm-priority-oracle", oracle, items, times, A30, 2)
+    misled = bench.run_sim("vllm-priority-oracle", oracle, wrong, times, A30, 2)
+    for key in ("norm_mean_s", "ttft_p99_s", "served_by", "preemptions"):
+        assert told[key] == misled[key]
+    assert told["kv_held"] == 0 and told["fallbacks"] == 0  # no steersman queue, no controller
+    fcfs = bench.run_sim("least-load", bench.variants()["least-load"], items, times, A30, 2)
+    assert told["norm_mean_s"] < fcfs["norm_mean_s"]  # shortest first inside vLLM
