@@ -39,6 +39,7 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
         policies = {"least-load", "steersman", "steersman-frozen"}
         if scenario == "steady":
             policies.add("steersman-no-telemetry")
+            assert runs.pop("seeds")["seeds"] == 5
         if scenario == "quiet":
             policies.add("steersman-remembers")
             assert runs["level"] == 0.1 and "instance0_after_change" in runs["steersman"]
@@ -46,6 +47,7 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
         for name in policies:
             assert sum(runs[name]["served_by"]) == runs[name]["measured"] > 0
     assert "tracking" in fleet["scenarios"]["throttle"]["steersman"]
+    assert fleet["floor"]["measured"] == fleet["scenarios"]["throttle"]["least-load"]["measured"]
     report = (out / "report.md").read_text()
     assert "## Fleets that differ and GPUs that slow down" in report
     assert "2xa100-llama2-7b, throttle: instance 0's clock capped at 60%" in report
