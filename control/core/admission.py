@@ -109,8 +109,9 @@ class KvRoom:
         theirs = np.maximum(held - own[self.order], 0.0)
         shared = np.array([i.others > 0 for i in instances])
         self.limit = dispatch.target_fill * self.capacity - np.where(shared, theirs, 0.0)
-        # Work-conserving: what the engines measure leaves room, and nothing waits there.
-        idle = np.array([i.waiting == 0 for i in instances]) & np.isfinite(self.capacity)
+        # Work-conserving: what the engines measure leaves room, and hardly anything waits there.
+        short = [i.waiting <= dispatch.override_waiting for i in instances]
+        idle = np.array(short) & np.isfinite(self.capacity)
         spare = (dispatch.override_fill - usage) * self.capacity
         self.spare = np.where(idle & measured, spare, -np.inf)
 

@@ -100,9 +100,18 @@ class DispatchSettings(_Section):
         ge=0,
         le=1,
         description="kv, work-conserving: an instance whose measured KV usage, with the "
-        "newcomer's prompt, stays under this share and whose engine has no queue takes the "
-        "request whatever the projection says (vLLM would start it at once, and preempting now "
-        "and then costs less than holding), unless steersman's queue is backlogged.",
+        "newcomer's prompt, stays under this share and whose engine has (almost) no queue takes "
+        "the request whatever the projection says (vLLM would start it at once, and preempting now "
+        "and then costs less than holding), unless steersman's queue is backlogged; "
+        "override_waiting says how short a queue counts as none.",
+    )
+    override_waiting: int = Field(
+        default=2,
+        ge=0,
+        description="kv, work-conserving: the most requests an engine's own queue may hold for "
+        "override_fill to apply (a newcomer behind a couple of others still starts within a step "
+        "or two; holding it for the projection costs the first-token tail under bursty "
+        "arrivals).",
     )
     backlog_s: float = Field(
         default=1.0,

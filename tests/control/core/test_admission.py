@@ -17,8 +17,9 @@ def core(**dispatch) -> Scheduler:
     return Scheduler(settings, ControllerSettings(enabled=False))
 
 
-def state(name="a", *, usage=0.9, waiting=1, cap=100, capacity=CAPACITY) -> InstanceState:
-    """By default the engine reports a busy cache and a queue: no work-conserving override."""
+def state(name="a", *, usage=0.9, waiting=3, cap=100, capacity=CAPACITY) -> InstanceState:
+    """By default the engine reports a busy cache and a queue longer than the work-conserving
+    override allows (``override_waiting``, 2): no override."""
     return InstanceState(name, cap=cap, kv_usage=usage, waiting=waiting, kv_capacity=capacity,
                          block=0)  # fmt: skip
 
@@ -59,6 +60,24 @@ def test_the_engine_measuring_room_and_no_queue_admits_anyway():
     assert placed(s, state(usage=0.2, waiting=3)) == []  # the engine has a queue: it stands
     assert placed(s, state(usage=0.2, waiting=0)) == ["new"]  # room the projection did not see
     assert s.stats.kv_overrides == 1
+
+
+@pytest.mark.parametrize(
+    ("waiting", "override_waiting", "admitted"),
+    [
+        pytest.param(0, 0, True, id="no queue"),
+        pytest.param(1, 0, False, id="any queue, where none is allowed"),
+        pytest.param(2, 2, True, id="a short queue (the default)"),
+        pytest.param(3, 2, False, id="a longer queue"),
+    ],
+)
+def test_how_short_an_engine_queue_counts_as_none(waiting, override_waiting, admitted):
+    s = core(override_waiting=override_waiting)
+    send(s, "big", 400, 500)
+    placed(s, state())
+    send(s, "new", 100, 460)
+    assert (placed(s, state(usage=0.2, waiting=waiting)) == ["new"]) is admitted
+    assert s.stats.kv_overrides == int(admitted)
 
 
 @pytest.mark.parametrize(

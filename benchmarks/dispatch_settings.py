@@ -1,0 +1,144 @@
+"""What one dispatch setting does: steersman's default beside the same with a setting changed.
+
+Each ``--set field=value[,field=value]`` is a variant of the default ``steersman`` policy with
+those `[dispatch]` settings changed (validated as the daemon's configuration is: a wrong name or
+value is refused naming it), run beside least-load, vllm-priority and the default on 8 simulated
+instances of a profile, in one scenario of the sim bench (``steady:LEVEL``, ``gammaCV`` at 0.8x,
+``burst``), over several arrival seeds, with the demo's length model and held-out prompts. Rates
+are shares of least-load's capacity at P99 TTFT <= 1 s (``--capacity``, else searched).
+
+Run from the repository root:
+    python -m benchmarks.dispatch_settings --profile a30-llama2-7b --scenario gamma4 \\
+        --set admission=none --set ttft_weight=1
+Prints one JSON object per policy: P99 TTFT, mean E2E and mean normalized latency per seed, their
+means, and the means' ratios to least-load's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from steersman.control.core.settings import DispatchSettings
+from steersman.control.harness import bench
+from steersman.control.harness.bench_suite import SimOptions, scenario_run
+from steersman.control.harness.workloads import Trace, load_trace
+from steersman.control.serve.settings import Settings
+from steersman.control.sim.profiles import StepModel, load_profile
+from steersman.control.training.bundled import ensure_length_model
+from steersman.control.training.tiny_model import served_model
+from steersman.data import path
+from steersman.learners.hf import LengthModel
+from steersman.learners.tokens import TokenCounter
+
+FIGURES = ("ttft_p99_s", "e2e_mean_s", "norm_mean_s")
+
+
+def changed(base: bench.Variant, assignments: str) -> bench.Variant:
+    """``base`` with the `[dispatch]` settings in ``field=value,...`` changed, validated.
+
+    >>> v = changed(bench.variants()["steersman"], "admission=none,ttft_weight=1")
+    >>> v.dispatch.admission, v.dispatch.ttft_weight
+    ('none', 1.0)
+    >>> changed(bench.variants()["steersman"], "ttft_weight=-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: dispatch.ttft_weight = '-1': Input should be greater than or equal to 0
+    """
+    update: dict[str, str] = {}
+    for part in assignments.split(","):
+        field, eq, value = part.partition("=")
+        if not eq or not field.strip():
+            raise ValueError(f"{part!r}: expected field=value")
+        update[field.strip()] = value.strip()
+    try:
+        dispatch = DispatchSettings.model_validate({**base.dispatch.model_dump(), **update})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"dispatch.{field} = {update.get(field)!r}: {err['msg']}") from None
+    return replace(base, dispatch=dispatch)
+
+
+def compare(
+    policies: dict[str, bench.Variant],
+    items: Sequence[bench.Item],
+    trace: Trace,
+    profile: StepModel,
+    scenario: str,
+    capacity: float,
+    seeds: Sequence[int],
+    instances: int = 8,
+) -> list[dict[str, Any]]:
+    """Every policy in ``scenario`` once per seed, side by side; the first policy is the one the
+    ratios are to."""
+    rows = []
+    for name, variant in policies.items():
+        runs = []
+        for seed in seeds:
+            options = SimOptions(instances=instances, requests=len(items), seed=seed)
+            run, _ = scenario_run(scenario, name, variant, items, trace, capacity, profile, options)
+            runs.append(run)
+        row: dict[str, Any] = {"benchmark": "dispatch_settings", "policy": name,
+                               "scenario": scenario, "seeds": list(seeds)}  # fmt: skip
+        for figure in FIGURES:
+            values = [r[figure] for r in runs]
+            row[figure] = values
+            row[f"{figure}_mean"] = round(statistics.fmean(values), 5)
+        rows.append(row)
+    first = rows[0]
+    for row in rows:
+        base = {f: first[f"{f}_mean"] for f in FIGURES}
+        row["to_" + first["policy"]] = {
+            f: round(row[f"{f}_mean"] / base[f], 4) for f in FIGURES if base[f]
+        }
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="a30-llama2-7b")
+    parser.add_argument("--scenario", default="gamma4")
+    parser.add_argument("--capacity", type=float, help="least-load's, req/s (default: searched)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument(
+        "--policies",
+        default="least-load,vllm-priority,steersman",
+        help="standard policies beside the changed ones; the first: the yardstick",
+    )
+    parser.add_argument("--set", action="append", default=[], dest="changes",
+                        metavar="FIELD=VALUE[,...]")  # fmt: skip
+    args = parser.parse_args()
+    standard = bench.variants()
+    try:
+        policies = {p: standard[p] for p in args.policies.split(",")}
+    except KeyError as exc:
+        sys.exit(f"--policies: unknown policy {exc}; known: {', '.join(standard)}")
+    try:
+        for change in args.changes:
+            policies[f"steersman {change}"] = changed(standard["steersman"], change)
+    except ValueError as exc:
+        sys.exit(f"--set {exc}")
+    data = Settings().data_dir
+    counter = TokenCounter(served_model(data))
+    model = LengthModel.load(ensure_length_model(data, counter).directory)
+    profile, trace = load_profile(args.profile), load_trace(path("azure_conv"))
+    items = bench.prompt_items(counter, model.predict_log, args.requests, profile.max_model_len, 0)
+    capacity = args.capacity or bench.capacity(
+        "least-load", standard["least-load"], items, trace, profile, 8, 1.0, bench.Steady()
+    )
+    seeds = range(args.seeds)
+    for row in compare(policies, items, trace, profile, args.scenario, capacity, seeds):
+        print(json.dumps({"profile": args.profile, "capacity_rps": capacity, **row}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
