@@ -3,15 +3,16 @@
 Each ``--set field=value[,field=value]`` is a variant of the default ``steersman`` policy with
 those `[dispatch]` settings changed (validated as the daemon's configuration is: a wrong name or
 value is refused naming it), run beside least-load, vllm-priority and the default on 8 simulated
-instances of a profile, in one scenario of the sim bench (``steady:LEVEL``, ``gammaCV`` at 0.8x,
-``burst``), over several arrival seeds, with the demo's length model and held-out prompts. Rates
-are shares of least-load's capacity at P99 TTFT <= 1 s (``--capacity``, else searched).
+instances of a profile with the demo's length model and held-out prompts, over several arrival
+seeds: in one scenario of the sim bench (``steady:LEVEL``, ``gammaCV`` at 0.8x, ``burst``), at
+rates that are shares of least-load's capacity at P99 TTFT <= 1 s (``--capacity``, else
+searched), or each policy's own capacity, searched near it (``capacity``).
 
 Run from the repository root:
     python -m benchmarks.dispatch_settings --profile a30-llama2-7b --scenario gamma4 \\
         --set admission=none --set ttft_weight=1
-Prints one JSON object per policy: P99 TTFT, mean E2E and mean normalized latency per seed, their
-means, and the means' ratios to least-load's.
+Prints one JSON object per policy: P99 TTFT, mean E2E and mean normalized latency (or the
+capacity) per seed, their means, and the means' ratios to the first policy's (least-load's).
 """
 
 from __future__ import annotations
@@ -78,26 +79,32 @@ def compare(
     instances: int = 8,
 ) -> list[dict[str, Any]]:
     """Every policy in ``scenario`` once per seed, side by side; the first policy is the one the
-    ratios are to."""
+    ratios are to. ``capacity`` (a scenario here) searches each policy's capacity at P99 TTFT
+    <= 1 s near the given one, as the sim bench does."""
+    figures = ("capacity_rps",) if scenario == "capacity" else FIGURES
     rows = []
     for name, variant in policies.items():
         runs = []
         for seed in seeds:
+            if scenario == "capacity":
+                found = bench.capacity(name, variant, items, trace, profile, instances, 1.0,
+                                       bench.Steady(), near=capacity, seed=seed)  # fmt: skip
+                runs.append({"capacity_rps": round(found, 2)})
+                continue
             options = SimOptions(instances=instances, requests=len(items), seed=seed)
             run, _ = scenario_run(scenario, name, variant, items, trace, capacity, profile, options)
             runs.append(run)
         row: dict[str, Any] = {"benchmark": "dispatch_settings", "policy": name,
                                "scenario": scenario, "seeds": list(seeds)}  # fmt: skip
-        for figure in FIGURES:
+        for figure in figures:
             values = [r[figure] for r in runs]
             row[figure] = values
             row[f"{figure}_mean"] = round(statistics.fmean(values), 5)
         rows.append(row)
-    first = rows[0]
+    base = {f: rows[0][f"{f}_mean"] for f in figures}
     for row in rows:
-        base = {f: first[f"{f}_mean"] for f in FIGURES}
-        row["to_" + first["policy"]] = {
-            f: round(row[f"{f}_mean"] / base[f], 4) for f in FIGURES if base[f]
+        row["to_" + rows[0]["policy"]] = {
+            f: round(row[f"{f}_mean"] / base[f], 4) for f in figures if base[f]
         }
     return rows
 

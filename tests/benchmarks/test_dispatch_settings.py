@@ -48,3 +48,18 @@ def test_variants_run_side_by_side_and_only_a_real_change_moves_the_figures():
         assert same[figure] == default[figure]  # deterministic, and the same settings
     # Without the KV admission every request goes to vLLM at once: the burst runs otherwise.
     assert other["norm_mean_s"] != default["norm_mean_s"]
+
+
+def test_capacity_is_searched_per_policy_near_the_one_given():
+    profile, trace = load_profile("a30-llama2-7b"), load_trace(path("azure_conv"))
+    items = bench.trace_items(trace, [-0.7, 0.0, 0.7], 300, profile.max_model_len, seed=0)
+    policies = {"least-load": bench.variants()["least-load"], "round-robin":
+                bench.variants()["round-robin"]}  # fmt: skip
+    rows = compare(policies, items, trace, profile, "capacity", 8.0, seeds=[0], instances=2)
+    ll, rr = rows
+    assert set(ll) >= {"capacity_rps", "capacity_rps_mean", "to_least-load"}
+    assert "ttft_p99_s" not in ll
+    assert ll["to_least-load"] == {"capacity_rps": 1.0}
+    assert ll["capacity_rps_mean"] > 0
+    # Round-robin ignores load: it holds the SLO no higher than least-load does.
+    assert rr["to_least-load"]["capacity_rps"] <= 1.0
