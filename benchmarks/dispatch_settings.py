@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from steersman.control.core.settings import DispatchSettings
 from steersman.control.harness import bench
-from steersman.control.harness.bench_suite import SimOptions, scenario_run
+from steersman.control.harness.bench_suite import SimOptions, check_scenario, scenario_run
 from steersman.control.harness.workloads import Trace, load_trace
 from steersman.control.serve.settings import Settings
 from steersman.control.sim.profiles import StepModel, load_profile
@@ -134,10 +134,17 @@ def main() -> None:
             policies[f"steersman {change}"] = changed(standard["steersman"], change)
     except ValueError as exc:
         sys.exit(f"--set {exc}")
+    problem = None if args.scenario == "capacity" else check_scenario(args.scenario)
+    if problem:
+        sys.exit(f"--scenario: {problem} (or capacity)")
+    try:
+        profile = load_profile(args.profile)
+    except ValueError as exc:
+        sys.exit(f"--profile: {exc}")
     data = Settings().data_dir
     counter = TokenCounter(served_model(data))
     model = LengthModel.load(ensure_length_model(data, counter).directory)
-    profile, trace = load_profile(args.profile), load_trace(path("azure_conv"))
+    trace = load_trace(path("azure_conv"))
     items = bench.prompt_items(counter, model.predict_log, args.requests, profile.max_model_len, 0)
     capacity = args.capacity or bench.capacity(
         "least-load", standard["least-load"], items, trace, profile, 8, 1.0, bench.Steady()

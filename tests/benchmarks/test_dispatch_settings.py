@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from benchmarks.dispatch_settings import changed, compare
@@ -10,6 +14,7 @@ from steersman.control.harness.workloads import load_trace
 from steersman.control.sim.profiles import load_profile
 from steersman.data import path
 
+ROOT = Path(__file__).resolve().parents[2]
 STEERSMAN = bench.variants()["steersman"]
 
 
@@ -63,3 +68,21 @@ def test_capacity_is_searched_per_policy_near_the_one_given():
     assert ll["capacity_rps_mean"] > 0
     # Round-robin ignores load: it holds the SLO no higher than least-load does.
     assert rr["to_least-load"]["capacity_rps"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--scenario", "steady:x"], "--scenario: unknown scenario 'steady:x'"),
+        (["--profile", "nope"], "--profile: unknown simulator profile 'nope'"),
+        (["--policies", "fastest"], "--policies: unknown policy 'fastest'"),
+        (["--set", "max_hold_s=-1"], "--set dispatch.max_hold_s = '-1'"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line_before_any_run(args, says):
+    ran = subprocess.run([sys.executable, "-m", "benchmarks.dispatch_settings", *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert ran.returncode == 1
+    assert ran.stdout == ""
+    assert ran.stderr.strip().splitlines() == [ran.stderr.strip()]
+    assert ran.stderr.startswith(says)
