@@ -205,7 +205,8 @@ class Scheduler:
         mode is the controller's as of the last ``tick`` or ``finish``: a shell ticks first."""
         if not self._queue:
             return []
-        backlogged = now - self._oldest(now) > self.dispatch.backlog_s
+        oldest = self._oldest()
+        backlogged = oldest is not None and now - oldest.added_at > self.dispatch.backlog_s
         # Inside vLLM, order by length only where it pays: in a compute-bound queue below
         # saturation it buys ~1% of the mean and costs the TTFT tail (FCFS bounds the wait).
         ordered = self.priorities and self.state.mode == "NORMAL"
@@ -224,13 +225,9 @@ class Scheduler:
         backlog = flying.prefilling()
         views = [self._view(i, backlog) for i in instances]
         out: list[Assignment] = []
-        while self._queue:
-            _, _, rid = self._queue[0]
-            entry = self._entries.get(rid)
-            if entry is None or entry.instance is not None:
-                heapq.heappop(self._queue)  # aborted, or requeued with a fresher heap entry
-                continue
-            a, t = entry.arrival, entry.ticket
+        held = False  # the best key is held back: only overdue requests may go now
+        while (entry := self._next(now, held)) is not None:
+            rid, a, t = entry.arrival.request_id, entry.arrival, entry.ticket
             left = flying.remaining(self.remaining)
             blocks = [self._blocks(a, i) for i in instances]
             cached = [self._cached(i, b) for i, b in zip(instances, blocks, strict=True)]
@@ -265,10 +262,12 @@ class Scheduler:
                 )
             )
             if decision.instance is None:
-                self.stats.kv_held += kv is not None and any(v.free for v in views)
-                break
-            heapq.heappop(self._queue)
-            self._waiting -= 1
+                if kv is None or held:
+                    break
+                self.stats.kv_held += any(v.free for v in views)
+                held = True
+                continue
+            self._waiting -= 1  # its heap entries are dropped when they reach the top
             self._counter += 1
             self.stats.decisions += 1
             self.stats.fallback_decisions += fallback
@@ -288,18 +287,34 @@ class Scheduler:
             views[k] = self._view(instances[k])
         return out
 
-    def _oldest(self, now: float) -> float:
-        """When the longest-waiting request in steersman's queue arrived (``now`` if none)."""
+    def _oldest(self) -> _Entry | None:
+        """The request that has waited longest in steersman's queue (None if none)."""
         ages = self._ages
         if not self._waiting:
             ages.clear()
-            return now
+            return None
         while ages:
             entry = self._entries.get(ages[0][2])
             if entry is not None and entry.instance is None:
-                return ages[0][0]
+                return entry
             heapq.heappop(ages)
-        return now
+        return None
+
+    def _next(self, now: float, held: bool) -> _Entry | None:
+        """The waiting request to place next: the best key; once the projection holds that back
+        (``held``), the oldest request if it has waited ``max_hold_s``, then the next oldest.
+        The best key is often a newcomer: behind it, a request predicted long would otherwise
+        wait for aging to lift it to the head, for seconds."""
+        if held:
+            oldest = self._oldest()
+            overdue = oldest is not None and now - oldest.added_at > self.dispatch.max_hold_s
+            return oldest if overdue else None
+        while self._queue:
+            entry = self._entries.get(self._queue[0][2])
+            if entry is not None and entry.instance is None:
+                return entry
+            heapq.heappop(self._queue)  # placed, aborted, or requeued with a fresher entry
+        return None
 
     def _expected(self, a: Arrival, t: Ticket) -> float:
         """The length a waiting request is expected to run to: its scheduled length corrected by

@@ -124,7 +124,8 @@ class DispatchSettings(_Section):
         default=0.25,
         ge=0,
         description="kv: a request that has waited this long goes out without the projection "
-        "(within max_in_flight): predictions never hold one back for longer.",
+        "(within max_in_flight), oldest first, also while a newer request with a better key is "
+        "held: predictions never hold one back for longer.",
     )
     load_margin: float = Field(
         default=0.1,

@@ -124,6 +124,24 @@ def test_what_is_left_of_requests_past_their_prediction_is_refined():
     assert placed(s, state(), now=1.0) == ["new"]
 
 
+@pytest.mark.parametrize(
+    ("now", "placed_now"),
+    [
+        pytest.param(0.2, [], id="within max_hold_s: both wait"),
+        pytest.param(0.3, ["long"], id="past it: the newcomer ahead does not hold it back"),
+    ],
+)
+def test_the_projection_holds_no_request_past_max_hold_s_even_behind_a_better_key(now, placed_now):
+    s = core(max_hold_s=0.25)
+    send(s, "big", 400, 500)
+    placed(s, state())
+    send(s, "long", 100, 460, now=0.0)
+    send(s, "short", 400, 100, now=now)  # the better key, and held: 900 + 400 + 100 > 950
+    assert placed(s, state(), now=now) == placed_now
+    assert s.depth == 2 - len(placed_now)
+    assert s.stats.kv_held == 1
+
+
 def test_unknown_capacity_falls_back_to_the_count_cap():
     s = core()
     for k in range(3):
