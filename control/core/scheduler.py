@@ -233,9 +233,13 @@ class Scheduler:
             cached = [self._cached(i, b) for i, b in zip(instances, blocks, strict=True)]
             offered, forced = views, set()
             held_long = now - entry.added_at > self.dispatch.max_hold_s
+            room = None
             if kv is not None and not held_long:
                 expected = self._expected(a, t)
                 room, forced = kv.decide(a.prompt_tokens, expected, left, cached)
+            elif held:  # past a held best key, only where the engine measures room for it
+                room = kv.measured_room(a.prompt_tokens, cached)
+            if room is not None:
                 offered = [
                     v if ok else replace(v, room=False) for v, ok in zip(views, room, strict=True)
                 ]

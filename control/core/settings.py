@@ -124,8 +124,9 @@ class DispatchSettings(_Section):
         default=0.25,
         ge=0,
         description="kv: a request that has waited this long goes out without the projection "
-        "(within max_in_flight), oldest first, also while a newer request with a better key is "
-        "held: predictions never hold one back for longer.",
+        "(within max_in_flight): predictions never hold one back for longer. While the best "
+        "key is held, such requests go oldest first where the engine measures KV usage under "
+        "target_fill with their prompt.",
     )
     load_margin: float = Field(
         default=0.1,

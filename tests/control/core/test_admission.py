@@ -125,19 +125,22 @@ def test_what_is_left_of_requests_past_their_prediction_is_refined():
 
 
 @pytest.mark.parametrize(
-    ("now", "placed_now"),
+    ("now", "usage", "placed_now"),
     [
-        pytest.param(0.2, [], id="within max_hold_s: both wait"),
-        pytest.param(0.3, ["long"], id="past it: the newcomer ahead does not hold it back"),
+        pytest.param(0.2, 0.5, [], id="within max_hold_s: both wait"),
+        pytest.param(0.3, 0.5, ["long"], id="past it: the newcomer ahead does not hold it back"),
+        pytest.param(0.3, 0.95, [], id="past it, but the engine measures no room either"),
     ],
 )
-def test_the_projection_holds_no_request_past_max_hold_s_even_behind_a_better_key(now, placed_now):
+def test_the_projection_holds_no_request_past_max_hold_s_even_behind_a_better_key(
+    now, usage, placed_now
+):
     s = core(max_hold_s=0.25)
     send(s, "big", 400, 500)
     placed(s, state())
     send(s, "long", 100, 460, now=0.0)
     send(s, "short", 400, 100, now=now)  # the better key, and held: 900 + 400 + 100 > 950
-    assert placed(s, state(), now=now) == placed_now
+    assert placed(s, state(usage=usage), now=now) == placed_now
     assert s.depth == 2 - len(placed_now)
     assert s.stats.kv_held == 1
 
