@@ -201,8 +201,10 @@ class Scheduler:
     # -- decisions ------------------------------------------------------------------------------
 
     def schedule(self, instances: Sequence[InstanceState], now: float) -> list[Assignment]:
-        """Hand waiting requests to instances, best key first, while one takes the head. The
-        mode is the controller's as of the last ``tick`` or ``finish``: a shell ticks first."""
+        """Hand waiting requests to instances, best key first, while one takes the head; past a
+        head the projection holds, the requests that have waited ``max_hold_s``, oldest first.
+        The mode is the controller's as of the last ``tick`` or ``finish``: a shell ticks
+        first."""
         if not self._queue:
             return []
         oldest = self._oldest()
@@ -306,9 +308,10 @@ class Scheduler:
 
     def _next(self, now: float, held: bool) -> _Entry | None:
         """The waiting request to place next: the best key; once the projection holds that back
-        (``held``), the oldest request if it has waited ``max_hold_s``, then the next oldest.
-        The best key is often a newcomer: behind it, a request predicted long would otherwise
-        wait for aging to lift it to the head, for seconds."""
+        (``held``), the oldest request if it has waited ``max_hold_s`` (``schedule`` offers it
+        the instances that measure room for it). The best key is often a newcomer: behind it, a
+        request predicted long would otherwise wait for aging to lift it to the head, for
+        seconds."""
         if held:
             oldest = self._oldest()
             overdue = oldest is not None and now - oldest.added_at > self.dispatch.max_hold_s

@@ -132,7 +132,7 @@ def test_what_is_left_of_requests_past_their_prediction_is_refined():
         pytest.param(0.3, 0.95, [], id="past it, but the engine measures no room either"),
     ],
 )
-def test_the_projection_holds_no_request_past_max_hold_s_even_behind_a_better_key(
+def test_past_max_hold_s_a_request_behind_a_held_better_key_goes_where_there_is_room(
     now, usage, placed_now
 ):
     s = core(max_hold_s=0.25)
