@@ -112,7 +112,7 @@ class KvRoom:
         # Work-conserving: what the engines measure leaves room, and hardly anything waits there.
         short = [i.waiting <= dispatch.override_waiting for i in instances]
         idle = np.array(short) & np.isfinite(self.capacity)
-        self.measured = (dispatch.target_fill - usage) * self.capacity  # inf: capacity unknown
+        self.headroom = (dispatch.target_fill - usage) * self.capacity  # inf: capacity unknown
         spare = (dispatch.override_fill - usage) * self.capacity
         self.spare = np.where(idle & measured, spare, -np.inf)
 
@@ -120,7 +120,7 @@ class KvRoom:
         """Per instance, whether its engine's measured KV usage, with the prompt's new blocks,
         stays under ``target_fill``, whatever the projection says and however long its queue."""
         new = np.maximum(prompt - np.asarray(cached, dtype=float), 0.0)
-        return (new <= self.measured).tolist()
+        return (new <= self.headroom).tolist()
 
     def decide(
         self, prompt: int, scheduled: float, left: np.ndarray, cached: Sequence[int]
