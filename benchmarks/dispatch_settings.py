@@ -31,6 +31,7 @@ from steersman.control.core.settings import DispatchSettings
 from steersman.control.harness import bench
 from steersman.control.harness.bench_suite import SimOptions, check_scenario, scenario_run
 from steersman.control.harness.workloads import Trace, load_trace
+from steersman.control.serve.served_model import validation_errors
 from steersman.control.serve.settings import Settings
 from steersman.control.sim.profiles import StepModel, load_profile
 from steersman.control.training.bundled import ensure_length_model
@@ -77,10 +78,12 @@ def compare(
     capacity: float,
     seeds: Sequence[int],
     instances: int = 8,
+    band_errors: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
     """Every policy in ``scenario`` once per seed, side by side; the first policy is the one the
     ratios are to. ``capacity`` (a scenario here) searches each policy's capacity at P99 TTFT
-    <= 1 s near the given one, as the sim bench does."""
+    <= 1 s near the given one, as the sim bench does; ``band_errors``: the length model's
+    validation errors, the corrector's first bands (as the daemon and the sim bench adopt)."""
     figures = ("capacity_rps",) if scenario == "capacity" else FIGURES
     rows = []
     for name, variant in policies.items():
@@ -88,10 +91,13 @@ def compare(
         for seed in seeds:
             if scenario == "capacity":
                 found = bench.capacity(name, variant, items, trace, profile, instances, 1.0,
-                                       bench.Steady(), near=capacity, seed=seed)  # fmt: skip
+                                       bench.Steady(), near=capacity, seed=seed,
+                                       band_errors=band_errors)  # fmt: skip
                 runs.append({"capacity_rps": round(found, 2)})
                 continue
-            options = SimOptions(instances=instances, requests=len(items), seed=seed)
+            errors = tuple(band_errors) if band_errors else None
+            options = SimOptions(instances=instances, requests=len(items), seed=seed,
+                                 band_errors=errors)  # fmt: skip
             run, _ = scenario_run(scenario, name, variant, items, trace, capacity, profile, options)
             runs.append(run)
         row: dict[str, Any] = {"benchmark": "dispatch_settings", "policy": name,
@@ -143,14 +149,18 @@ def main() -> None:
         sys.exit(f"--profile: {exc}")
     data = Settings().data_dir
     counter = TokenCounter(served_model(data))
-    model = LengthModel.load(ensure_length_model(data, counter).directory)
+    directory = ensure_length_model(data, counter).directory
+    model = LengthModel.load(directory)
+    errors = validation_errors(directory)
     trace = load_trace(path("azure_conv"))
     items = bench.prompt_items(counter, model.predict_log, args.requests, profile.max_model_len, 0)
     capacity = args.capacity or bench.capacity(
         "least-load", standard["least-load"], items, trace, profile, 8, 1.0, bench.Steady()
     )
     seeds = range(args.seeds)
-    for row in compare(policies, items, trace, profile, args.scenario, capacity, seeds):
+    rows = compare(policies, items, trace, profile, args.scenario, capacity, seeds,
+                   band_errors=errors)  # fmt: skip
+    for row in rows:
         print(json.dumps({"profile": args.profile, "capacity_rps": capacity, **row}), flush=True)
 
 

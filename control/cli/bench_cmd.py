@@ -344,22 +344,27 @@ def _sim_suite(
 
     from steersman.control.harness import bench
     from steersman.control.harness.bench_suite import run_profile
+    from steersman.control.serve.served_model import validation_errors
     from steersman.learners.hf import LengthModel
 
     model = LengthModel.load(length_model)
     hashed = checks.get("hashed")
     if hashed is not None:
         lengths = Lengths.trace
+    seed = options.seed
+    errors = None
+    band_errors = validation_errors(length_model)
+    if lengths is Lengths.trace:
+        errors = bench.model_errors(counter, model.predict_log, 1000, seed + 1)
+        band_errors = bench.band_seed(errors)
     options = replace(
         options,
         lengths=lengths.value,
         policies=checks["policies"] or (bench.STANDARD if hashed is None else bench.PREFIX),
+        band_errors=tuple(band_errors) if band_errors else None,
     )
-    n, seed, instances = options.requests, options.seed, options.instances
+    n, instances = options.requests, options.instances
     trace = checks["trace"]
-    errors = None
-    if lengths is Lengths.trace:
-        errors = bench.model_errors(counter, model.predict_log, 1000, seed + 1)
     profiles, refused = [], {}
     for name, profile in checks["profiles"].items():
         if hashed is not None:

@@ -37,6 +37,7 @@ from steersman.control.training.bundled import bundled_records, held_out
 from steersman.learners.corrector import BASE_KEY, LengthCorrector
 from steersman.learners.features import request_features
 from steersman.learners.latency import LatencyModel
+from steersman.learners.metrics import error_quantiles
 from steersman.learners.tokens import TokenCounter
 from steersman.storage.query import percentile
 from steersman.telemetry.sampler import Sampler
@@ -238,6 +239,16 @@ def model_errors(counter: TokenCounter, predict_log: PredictLog, n: int, seed: i
     ]
 
 
+def band_seed(errors: Sequence[float]) -> list[float] | None:
+    """What a validation would say of predictions that carry ``errors`` (``log(predicted /
+    actual)``, as ``model_errors`` measures): the quantiles the corrector's bands start from.
+
+    >>> band_seed([0.7] * 20)[:2]  # predicted twice the truth: the truth is below the point
+    [-0.7, -0.7]
+    """
+    return error_quantiles([0.0] * len(errors), [-e for e in errors])
+
+
 def unit_arrivals(kind: str, trace: Trace, n: int, seed: int) -> list[float]:
     """Arrival times at a mean rate of one request a second: the trace's shape ("trace"), or a
     gamma process with a coefficient of variation ("gamma2" is 2, "gamma4" is 4). More requests
@@ -304,6 +315,7 @@ def steady_run(
     seed: int = 0,
     goodput: tuple[float, float] = (1.0, 0.1),
     fleet: Fleet | None = None,
+    band_errors: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """One policy at ``rate`` for ``steady.duration_s`` of arrivals (the trace's shape, or a
     gamma process), measured over the requests that arrived after the warm-up."""
@@ -312,7 +324,7 @@ def steady_run(
     times = [t for t in times if t < steady.duration_s] or times[:2]
     cycled = [items[i % len(items)] for i in range(len(times))]
     run = run_sim(name, variant, cycled, times, profile, instances, goodput=goodput,
-                  window=steady.window(), fleet=fleet)  # fmt: skip
+                  window=steady.window(), fleet=fleet, band_errors=band_errors)  # fmt: skip
     run["stable"] = not steady.growing(run["samples"], instances)
     run["window_s"] = list(steady.window())
     return run
@@ -496,6 +508,7 @@ def capacity(
     seed: int = 0,
     fleet: Fleet | None = None,
     meets: Callable[[dict[str, Any]], bool] | None = None,
+    band_errors: Sequence[float] | None = None,
 ) -> float:
     """The highest steady arrival rate (to 2%) at which the policy keeps P99 TTFT within the
     bound (or the run ``meets`` another objective: ``qoe_objective``) and its backlog from
@@ -506,9 +519,8 @@ def capacity(
 
     @functools.cache
     def ok(rate: float) -> bool:
-        run = steady_run(
-            name, variant, items, trace, rate, profile, instances, steady, seed=seed, fleet=fleet
-        )
+        run = steady_run(name, variant, items, trace, rate, profile, instances, steady,
+                         seed=seed, fleet=fleet, band_errors=band_errors)  # fmt: skip
         if meets is not None:
             return run["stable"] and meets(run)
         p99 = run["ttft_p99_s"]

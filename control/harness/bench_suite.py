@@ -32,6 +32,9 @@ class SimOptions:
     burst_repeats: int = 3
     seed: int = 0
     steady: bench.Steady = field(default_factory=bench.Steady)
+    # The served model's validation errors: the corrector's bands before outcomes, as the
+    # daemon adopts them (None: a factor of 2 until a class has outcomes).
+    band_errors: tuple[float, ...] | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # capacity searches at once
 
 
@@ -127,16 +130,18 @@ def scenario_run(
     """One policy in a scenario, at rates relative to ``capacity`` (least-load's, at the SLO):
     steady levels and gamma arrivals measured at steady state; the burst, a fixed span of
     ``options.requests`` requests whose queue builds and drains."""
-    k, steady = options.instances, options.steady
+    k, steady, errors = options.instances, options.steady, options.band_errors
     if scenario.startswith("steady:"):
         level = float(scenario.split(":")[1])
         run = bench.steady_run(name, variant, items, trace, level * capacity, profile, k, steady,
-                               seed=options.seed, goodput=options.goodput)  # fmt: skip
+                               seed=options.seed, goodput=options.goodput,
+                               band_errors=errors)  # fmt: skip
         return run, f"{level:.0%} of capacity, steady state"
     if scenario.startswith("gamma"):
         rate, seed = 0.8 * capacity, options.seed
         run = bench.steady_run(name, variant, items, trace, rate, profile, k, steady,
-                               kind=scenario, seed=seed, goodput=options.goodput)  # fmt: skip
+                               kind=scenario, seed=seed, goodput=options.goodput,
+                               band_errors=errors)  # fmt: skip
         return run, f"gamma arrivals, CV {scenario[5:]}, 80% of capacity, steady state"
     if scenario == "burst":
         n = len(items)
@@ -153,7 +158,7 @@ def scenario_run(
             unit = bench.unit_arrivals("trace", trace, n, seed)
             times = burst_arrivals(unit, low, high, start, length)
             runs.append(bench.run_sim(name, variant, items, times, profile, k,
-                                      goodput=options.goodput))  # fmt: skip
+                                      goodput=options.goodput, band_errors=errors))  # fmt: skip
         return mean_run(runs), detail
     raise ValueError(check_scenario(scenario) or scenario)
 
@@ -201,6 +206,7 @@ class Search:
         return bench.capacity(
             self.name, self.variant, self.items, self.trace, self.profile, self.instances,
             o.slo_ttft_s, o.steady, start=10.0, near=self.near, seed=o.seed,
+            band_errors=o.band_errors,
         )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from steersman.control.harness import bench
+from steersman.control.harness.bench_suite import SimOptions, scenario_run
 from steersman.control.harness.workloads import load_trace
 from steersman.control.sim.profiles import PROFILES
 from steersman.data import path
@@ -137,6 +138,23 @@ def test_bands_seeded_from_the_models_validation_spare_a_wide_predictor_a_cold_f
     caught = bench.run_sim("steersman", steersman, constant, times, A30, 2, band_errors=good)
     plain = bench.run_sim("steersman", steersman, constant, times, A30, 2)
     assert caught["fallbacks"] >= 1 and caught["modes"][0][1] <= plain["modes"][0][1]
+
+
+@pytest.mark.parametrize("scenario", ["steady:0.5", "burst"])
+def test_every_scenario_of_the_suite_starts_its_bands_from_the_models_validation(scenario):
+    """As the daemon does: the wide predictor above falls back from a factor-of-2 band, not
+    from the bands its validation measured, in the steady runs and the burst alike."""
+    items, steersman = pool(400, 1, sigma=1.5), bench.variants()["steersman"]
+    errors = tuple(validation(pool(400, 101, sigma=1.5)) or ())
+    steady = bench.Steady(duration_s=100.0, warmup_s=20.0)
+
+    def run(band_errors: tuple[float, ...] | None) -> dict:
+        options = SimOptions(instances=2, requests=400, steady=steady, burst_repeats=1,
+                             band_errors=band_errors)  # fmt: skip
+        return scenario_run(scenario, "steersman", steersman, items, TRACE, 4.0, A30, options)[0]
+
+    assert run(None)["fallbacks"] >= 1
+    assert errors and run(errors)["fallbacks"] == 0
 
 
 def test_vllm_priority_oracle_orders_vllm_by_the_true_lengths_whatever_the_model_said():
