@@ -85,6 +85,7 @@ def compare(
     <= 1 s near the given one, as the sim bench does; ``band_errors``: the length model's
     validation errors, the corrector's first bands (as the daemon and the sim bench adopt)."""
     figures = ("capacity_rps",) if scenario == "capacity" else FIGURES
+    errors = tuple(band_errors) if band_errors else None
     rows = []
     for name, variant in policies.items():
         runs = []
@@ -92,10 +93,9 @@ def compare(
             if scenario == "capacity":
                 found = bench.capacity(name, variant, items, trace, profile, instances, 1.0,
                                        bench.Steady(), near=capacity, seed=seed,
-                                       band_errors=band_errors)  # fmt: skip
+                                       band_errors=errors)  # fmt: skip
                 runs.append({"capacity_rps": round(found, 2)})
                 continue
-            errors = tuple(band_errors) if band_errors else None
             options = SimOptions(instances=instances, requests=len(items), seed=seed,
                                  band_errors=errors)  # fmt: skip
             run, _ = scenario_run(scenario, name, variant, items, trace, capacity, profile, options)

@@ -165,7 +165,11 @@ def fit(
     a, b = max(float(a), 1e-5), max(float(b), 0.0)
     c, d = max(float(c), 0.0), max(float(d), 0.0)
     joins = [s.seconds - b * s.prompt_tokens for s in samples if s.kind == "join"]
-    e = max(statistics.fmean(joins), 0.0) if joins else 0.0
+    # An idle request's first token takes at least one step with its prefill (a + e + b * p), so
+    # the spaced single requests bound e: a join's added time is the noisiest measurement here
+    # (a few percent of a busy background), and unbounded it would put the idle TTFT above
+    # what the server was measured to take.
+    e = min(max(statistics.fmean(joins), 0.0), max(float(intercept) - a, 0.0)) if joins else 0.0
     # What a one-token request waits beyond its one engine step (a + e) when the engine is idle:
     # HTTP, the hops between the API server and the engine, the engine waking up.
     idle = max(float(intercept) - a - e, 0.0)

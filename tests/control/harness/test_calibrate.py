@@ -58,6 +58,23 @@ def test_fit_without_join_measurements_puts_everything_in_the_idle_admission():
     assert got.admission_s == pytest.approx(TRUE.admission(False) + TRUE.e)
 
 
+def test_joins_measured_too_slow_cannot_put_the_idle_ttft_above_the_measured_one():
+    # A busy machine inflates what each join adds eightfold: the idle prefill measurements
+    # still bound the step, so the profile keeps the server's idle time to first token.
+    samples = [
+        Sample(s.kind, s.seqs, s.prompt_tokens, s.context_tokens, s.seconds * 8)
+        if s.kind == "join"
+        else s
+        for s in _samples(TRUE)
+    ]
+    got = fit(samples, "noisy", num_blocks=100, max_model_len=1024)
+    assert got.e > TRUE.e
+    for s in samples:
+        if s.kind == "prefill":
+            idle_ttft = got.admission(False) + got.a + got.e + got.b * s.prompt_tokens
+            assert idle_ttft == pytest.approx(s.seconds, rel=1e-6)
+
+
 def test_an_unreachable_server_is_a_clear_failure_that_writes_nothing(tmp_path):
     out = tmp_path / "p.json"
     url = f"http://127.0.0.1:{free_port()}"
