@@ -211,8 +211,12 @@ class Scheduler:
         backlogged = oldest is not None and now - oldest.added_at > self.dispatch.backlog_s
         # Inside vLLM, order by length only where it pays: in a compute-bound queue below
         # saturation it buys ~1% of the mean and costs the TTFT tail (FCFS bounds the wait).
+        rule = self.dispatch.engine_order
         ordered = self.priorities and self.state.mode == "NORMAL"
-        ordered = ordered and (self.dispatch.engine_order == "always" or backlogged)
+        ordered = ordered and (rule != "backlog" or backlogged)
+        # Or only to an instance whose memory binds: there the order decides who holds the KV
+        # cache and who is preempted; elsewhere it only passes long requests over for prefill.
+        by_usage = ordered and rule == "pressure" and not backlogged
         fallback = self.state.mode == "FALLBACK" and self.dispatch.policy in PREDICTIVE
         policy = POLICIES[self.dispatch.fallback_policy] if fallback else self._policy
         flying = self._running
@@ -280,10 +284,12 @@ class Scheduler:
             name = decision.instance
             self.stats.kv_overrides += name in forced
             k = next(k for k, v in enumerate(views) if v.name == name)
+            usage = instances[k].kv_usage or 0.0
+            here = ordered and not (by_usage and usage < self.dispatch.pressure_kv)
             out.append(
                 Assignment(
-                    rid, name, t.priority if ordered else t.arrival_priority, t.scheduled,
-                    decision.policy, self.state.mode, flying.count(name), cached[k], ordered,
+                    rid, name, t.priority if here else t.arrival_priority, t.scheduled,
+                    decision.policy, self.state.mode, flying.count(name), cached[k], here,
                 )
             )  # fmt: skip
             entry.instance = name

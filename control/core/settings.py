@@ -135,13 +135,21 @@ class DispatchSettings(_Section):
         "+ share of the cap + queued requests) is within this of the lowest, so that memory and "
         "queues come first and predicted latency and cached prefixes decide among the rest.",
     )
-    engine_order: Literal["backlog", "always"] = Field(
+    engine_order: Literal["backlog", "always", "pressure"] = Field(
         default="always",
         description="When vLLM gets length-ordered priorities (and steersman's scheduler class "
         "the predicted lengths): always, for every request (vLLM then admits the shortest "
         "first and preempts the longest when its KV cache runs out, before steersman's own "
         "queue builds); backlog, only while steersman's queue is backlogged (arrival order "
-        "otherwise).",
+        "otherwise); pressure, only to an instance whose measured KV usage is at least "
+        "pressure_kv or while steersman's queue is backlogged.",
+    )
+    pressure_kv: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="engine_order pressure: the measured KV usage (a share of the cache) from "
+        "which an instance gets length-ordered priorities.",
     )
     aging_s: float = Field(
         default=2.0, gt=0, description="Waiting this long outranks a prediction twice as short."

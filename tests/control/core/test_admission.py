@@ -198,6 +198,24 @@ def test_with_engine_order_backlog_vllm_is_ordered_only_while_the_queue_is_backl
     assert a.priority == (ticket.priority if ordered else ticket.arrival_priority)
 
 
+@pytest.mark.parametrize(
+    ("usage", "waited", "ordered"),
+    [
+        pytest.param(0.5, 0.0, False, id="memory to spare: arrival order"),
+        pytest.param(0.9, 0.0, True, id="usage at pressure_kv: by length"),
+        pytest.param(None, 0.0, False, id="usage not measured: arrival order"),
+        pytest.param(0.5, 0.6, True, id="backlogged: by length wherever it goes"),
+    ],
+)
+def test_with_engine_order_pressure_vllm_is_ordered_where_memory_binds(usage, waited, ordered):
+    s = core(backlog_s=0.5, admission="count", engine_order="pressure", pressure_kv=0.9)
+    send(s, "new", 100, 50, now=0.0)
+    ticket = s.scheduled("new")
+    (a,) = s.schedule([state(usage=usage, waiting=0)], now=waited)
+    assert a.ordered is ordered
+    assert a.priority == (ticket.priority if ordered else ticket.arrival_priority)
+
+
 def test_by_default_vllm_is_ordered_by_length_from_the_first_request():
     s = core(backlog_s=0.5, max_hold_s=10.0)
     send(s, "new", 100, 50, now=0.0)
