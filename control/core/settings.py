@@ -136,13 +136,13 @@ class DispatchSettings(_Section):
         "queues come first and predicted latency and cached prefixes decide among the rest.",
     )
     engine_order: Literal["backlog", "always", "pressure"] = Field(
-        default="always",
+        default="pressure",
         description="When vLLM gets length-ordered priorities (and steersman's scheduler class "
-        "the predicted lengths): always, for every request (vLLM then admits the shortest "
-        "first and preempts the longest when its KV cache runs out, before steersman's own "
-        "queue builds); backlog, only while steersman's queue is backlogged (arrival order "
-        "otherwise); pressure, only to an instance whose measured KV usage is at least "
-        "pressure_kv or while steersman's queue is backlogged.",
+        "the predicted lengths): pressure, only at an instance whose measured KV usage is at "
+        "least pressure_kv, or while steersman's queue is backlogged (there the order decides "
+        "who holds the KV cache and who is preempted; elsewhere it only passes long requests "
+        "over for prefill); always, for every request; backlog, only while steersman's queue "
+        "is backlogged. Arrival order otherwise.",
     )
     pressure_kv: float = Field(
         default=0.9,
