@@ -44,6 +44,9 @@ class InstanceState:
     step: StepCoefficients = DEFAULT_STEP
     kv_capacity: int | None = None  # KV cache tokens; None: unknown, the count cap alone holds
     block: int = 16  # tokens per KV block
+    # It runs steersman's scheduler class, which re-ranks every request by its predicted
+    # remaining length before each step: it gets every prediction, whatever engine_order says.
+    ranks: bool = False
 
 
 @dataclass(frozen=True, slots=True)

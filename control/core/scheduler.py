@@ -216,6 +216,7 @@ class Scheduler:
         ordered = ordered and (rule != "backlog" or backlogged)
         # Or only to an instance whose memory binds: there the order decides who holds the KV
         # cache and who is preempted; elsewhere it only passes long requests over for prefill.
+        # steersman's class ranks every request itself, so it gets every prediction.
         by_usage = ordered and rule == "pressure" and not backlogged
         fallback = self.state.mode == "FALLBACK" and self.dispatch.policy in PREDICTIVE
         policy = POLICIES[self.dispatch.fallback_policy] if fallback else self._policy
@@ -284,8 +285,11 @@ class Scheduler:
             name = decision.instance
             self.stats.kv_overrides += name in forced
             k = next(k for k, v in enumerate(views) if v.name == name)
-            usage = instances[k].kv_usage or 0.0
-            here = ordered and not (by_usage and usage < self.dispatch.pressure_kv)
+            here = ordered and not (
+                by_usage
+                and not instances[k].ranks
+                and (instances[k].kv_usage or 0.0) < self.dispatch.pressure_kv
+            )
             out.append(
                 Assignment(
                     rid, name, t.priority if here else t.arrival_priority, t.scheduled,

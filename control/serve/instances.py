@@ -75,6 +75,7 @@ class Instance:
             step=self.coefficients,
             kv_capacity=self.kv_capacity,
             block=self.block,
+            ranks=self.send_predictions,
         )
 
 

@@ -166,6 +166,7 @@ class CoreDriver:
                 step=steps[k],
                 kv_capacity=e.model.num_blocks * e.model.block_size,
                 block=e.model.block_size,
+                ranks=e.policy == "steersman",
             )
             for k, e in enumerate(engines)
         ]

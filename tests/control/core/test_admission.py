@@ -3,6 +3,8 @@ over the predicted lengths, fits; otherwise they wait, shortest predicted first.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from steersman.control.core.scheduler import Arrival, InstanceState, Outcome, Scheduler
@@ -199,27 +201,30 @@ def test_with_engine_order_backlog_vllm_is_ordered_only_while_the_queue_is_backl
 
 
 @pytest.mark.parametrize(
-    ("usage", "waited", "ordered"),
+    ("usage", "waited", "ranks", "ordered"),
     [
-        pytest.param(0.5, 0.0, False, id="memory to spare: arrival order"),
-        pytest.param(0.9, 0.0, True, id="usage at pressure_kv: by length"),
-        pytest.param(None, 0.0, False, id="usage not measured: arrival order"),
-        pytest.param(0.5, 0.6, True, id="backlogged: by length wherever it goes"),
+        pytest.param(0.5, 0.0, False, False, id="memory to spare: arrival order"),
+        pytest.param(0.9, 0.0, False, True, id="usage at pressure_kv: by length"),
+        pytest.param(None, 0.0, False, False, id="usage not measured: arrival order"),
+        pytest.param(0.5, 0.6, False, True, id="backlogged: by length wherever it goes"),
+        pytest.param(0.5, 0.0, True, True, id="steersman's class: every prediction"),
     ],
 )
-def test_with_engine_order_pressure_vllm_is_ordered_where_memory_binds(usage, waited, ordered):
+def test_with_engine_order_pressure_vllm_is_ordered_where_memory_binds(
+    usage, waited, ranks, ordered
+):
     s = core(backlog_s=0.5, admission="count", engine_order="pressure", pressure_kv=0.9)
     send(s, "new", 100, 50, now=0.0)
     ticket = s.scheduled("new")
-    (a,) = s.schedule([state(usage=usage, waiting=0)], now=waited)
+    (a,) = s.schedule([replace(state(usage=usage, waiting=0), ranks=ranks)], now=waited)
     assert a.ordered is ordered
     assert a.priority == (ticket.priority if ordered else ticket.arrival_priority)
 
 
-def test_by_default_vllm_is_ordered_by_length_from_the_first_request():
-    s = core(backlog_s=0.5, max_hold_s=10.0)
+def test_with_engine_order_always_vllm_is_ordered_by_length_from_the_first_request():
+    s = core(backlog_s=0.5, max_hold_s=10.0, engine_order="always")
     send(s, "new", 100, 50, now=0.0)
-    (a,) = s.schedule([state()], now=0.0)
+    (a,) = s.schedule([state(usage=0.1, waiting=0)], now=0.0)
     assert a.ordered and a.priority == s.scheduled("new").priority
 
 

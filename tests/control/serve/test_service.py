@@ -281,12 +281,14 @@ class Seen(SimBackend):
     ],
 )
 def test_what_an_instance_is_sent_follows_its_settings(priority, predictions, xargs):
+    """By default (engine_order pressure) at an instance whose KV usage is not measured: the
+    class still gets every prediction, since it ranks every request itself."""
     backend = Seen("a")
     instance = Instance("a", backend, LatencyModel(PRIOR), send_priority=priority,
                         send_predictions=priority and predictions)  # fmt: skip
 
     async def main():
-        svc, _ = service([instance], engine_order="always")
+        svc, _ = service([instance])
         await complete(svc, "r1", 3)
 
     asyncio.run(main())
