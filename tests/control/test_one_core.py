@@ -24,7 +24,8 @@ from steersman.learners.corrector import BASE_KEY
 from steersman.learners.latency import LatencyModel, StepCoefficients
 
 STEP = StepCoefficients(0.01, 0.0005, 0.0)
-DISPATCH = DispatchSettings(policy="predictive", aging_s=2.0)
+# Priorities by length everywhere, so that they carry what each shell predicted.
+DISPATCH = DispatchSettings(policy="predictive", aging_s=2.0, engine_order="always")
 CONTROLLER = ControllerSettings(miss_streak=3, fallback_s=4.0, adjust_every=3, window=6)
 
 # (time, "arrive", request, its true length) and (time, "finish", instance): twelve requests on
@@ -74,6 +75,7 @@ class StubEngine:
     model: StepModel = field(default_factory=lambda: load_profile("cpu-tiny"))
     waiting: int = 0
     running: list[SimRequest] = field(default_factory=list)
+    policy: str = "priority"  # vLLM's built-in priority policy
 
     def kv_usage(self) -> float | None:
         return 0.0
