@@ -6,15 +6,19 @@ Prints one JSON object:
 - ``alpaca_eval``: the held-out AlpacaEval prompts (never trained on) served in file order, once
   per answering model (a pool serves one model and learns from its history), each through a
   fresh online corrector: Kendall tau, within-30% and band coverage of the base model, the
-  corrected prediction and the fast path, as the mean over the 12 models and for each; and the
-  12 models' answers served interleaved through one corrector (pooled).
+  corrected prediction, the fast path and the corrected prediction with the similar-prompt prior
+  (``similar``), as the mean over the 12 models and for each; ``after_history``: the same once
+  each model's answers to the training prompts (its pool's earlier traffic, about 640 requests)
+  were learned first; and the 12 models' answers served interleaved through one corrector
+  (pooled).
 - ``data``: the same for any prompt/response file given with ``--data`` (prompts of a kind the
   repository does not hold).
 - ``mooncake``: the hashed Mooncake trace (shared prefixes, real output lengths, no text) served
   in order: tau over its later half of the prefix prior alone, and of the fast path with and
   without it.
 - ``inference``: the model served as the daemon serves it (int8, traced, one thread), batch 1 and
-  32, P50/P99 per request; and the corrector's learn + predict time per request.
+  32, P50/P99 per request; the corrector's learn + predict time per request; and the
+  similar-prompt prior's, with its ring full (4,096 vectors of the model's width).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy.stats import kendalltau
 
 from steersman.control.harness.prefix import load_hashed_trace
@@ -35,26 +40,48 @@ from steersman.control.training.bundled import bundled_records, held_out
 from steersman.data import path
 from steersman.learners.corrector import BASE_KEY, PREFIX_KEY, LengthCorrector
 from steersman.learners.datasets import PromptRecord, load_prompt_set
-from steersman.learners.evaluation import evaluate
+from steersman.learners.evaluation import History, evaluate
 from steersman.learners.features import request_features
 from steersman.learners.hf import LengthModel
 from steersman.learners.prefix_prior import PrefixPrior
+from steersman.learners.similar_prior import SimilarPrior
 from steersman.learners.tokens import TokenCounter
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE_SEGMENT = 512  # tokens a hash id names in the trace
 
 
-def served_in_order(records: list[PromptRecord], counter: TokenCounter, base: dict[str, float]):
-    """``evaluate`` over the records in their order: the scores of each path and its bands."""
+Predicted = dict[str, tuple[float, Any]]  # per prompt: the base prediction and its vector
+
+
+def served_in_order(
+    records: list[PromptRecord],
+    counter: TokenCounter,
+    base: Predicted,
+    before: list[PromptRecord] | None = None,
+):
+    """``evaluate`` over the records in their order (after ``before``, learned first): the
+    scores of each path and its bands."""
     prompts = [r.prompt for r in records]
     actual = counter.count_many([r.response for r in records])
+    history = None
+    if before:
+        earlier = [r.prompt for r in before]
+        history = History(
+            earlier,
+            counter.count_many([r.response for r in before]),
+            counter.count_many(earlier),
+            [base[p][0] for p in earlier],
+            [base[p][1] for p in earlier],
+        )
     result = evaluate(
         prompts,
         actual,
         counter.count_many(prompts),
-        [base[p] for p in prompts],
+        [base[p][0] for p in prompts],
         checkpoints=(len(records),),
+        vectors=[base[p][1] for p in prompts],
+        history=history,
     )
     out = {name: _brief(got) for name, got in result["overall"].items()}
     for name, band in result["band"].items():
@@ -62,11 +89,20 @@ def served_in_order(records: list[PromptRecord], counter: TokenCounter, base: di
     return out
 
 
-def by_model(records: list[PromptRecord], counter: TokenCounter, base: dict[str, float]):
+def by_model(
+    records: list[PromptRecord],
+    counter: TokenCounter,
+    base: Predicted,
+    before: list[PromptRecord] | None = None,
+):
+    """Per answering model, its records served in order (after its records in ``before``)."""
     models: dict[str, list[PromptRecord]] = {}
     for r in records:
-        models.setdefault(r.source.split("/", 1)[-1], []).append(r)
-    each = {m: served_in_order(rs, counter, base) for m, rs in sorted(models.items())}
+        models.setdefault(_model_of(r), []).append(r)
+    each = {
+        m: served_in_order(rs, counter, base, [r for r in before or () if _model_of(r) == m])
+        for m, rs in sorted(models.items())
+    }
     mean = {
         path: {
             k: round(statistics.fmean(e[path][k] for e in each.values()), 3)
@@ -75,6 +111,10 @@ def by_model(records: list[PromptRecord], counter: TokenCounter, base: dict[str,
         for path in next(iter(each.values()))
     }
     return {"models": len(each), "mean_within_model": mean, "per_model": each}
+
+
+def _model_of(record: PromptRecord) -> str:
+    return record.source.split("/", 1)[-1]
 
 
 def mooncake(rows: int) -> dict[str, Any]:
@@ -115,7 +155,7 @@ def mooncake(rows: int) -> dict[str, Any]:
     }
 
 
-def inference(model_dir: Path, prompts: list[str]) -> dict[str, Any]:
+def inference(model_dir: Path, prompts: list[str], width: int) -> dict[str, Any]:
     served = LengthModel.load(model_dir, quantize=True, compiled=True, threads=1)
     out: dict[str, Any] = {}
     for batch in (1, 32):
@@ -137,6 +177,15 @@ def inference(model_dir: Path, prompts: list[str]) -> dict[str, Any]:
         corrector.predict_band(x)
         corrector.learn_one(x, 50 + len(x))
     out["corrector_learn_predict_us"] = round(1e6 * (time.perf_counter() - started) / len(xs), 1)
+    prior = SimilarPrior()
+    vectors = np.random.default_rng(0).normal(size=(prior.window + 1000, width))
+    for v in vectors[: prior.window]:
+        prior.learn_one(v, 100)
+    started = time.perf_counter()
+    for v in vectors[prior.window :]:
+        prior.predict_one(v)
+        prior.learn_one(v, 100)
+    out["similar_prior_learn_predict_us"] = round(1e6 * (time.perf_counter() - started) / 1000, 1)
     return out
 
 
@@ -160,13 +209,17 @@ def main() -> None:
     args = parser.parse_args()
 
     counter = TokenCounter(args.tokenizer)
-    _, held = held_out(bundled_records())
+    trained, held = held_out(bundled_records())
     evals = [r for r in held if r.source.startswith("alpaca_eval/")]
+    earlier = [r for r in trained if r.source.startswith("alpaca_eval/")]
     extra = load_prompt_set(args.data)[0] if args.data else []
     model = LengthModel.load(args.model)
-    texts = sorted({r.prompt for r in [*evals, *extra]})
-    predicted = model.predict_many(texts)
-    base = {t: max(1.0, math.expm1(v)) for t, v in zip(texts, predicted, strict=True)}
+    texts = sorted({r.prompt for r in [*evals, *earlier, *extra]}, key=len)
+    base: Predicted = {}
+    for start in range(0, len(texts), 64):
+        batch = texts[start : start + 64]
+        for t, v, vector in zip(batch, *model.predict_with_vectors(batch), strict=True):
+            base[t] = (max(1.0, math.expm1(v)), vector)
     meta = json.loads((args.model / "steersman.json").read_text())
     result: dict[str, Any] = {
         "benchmark": "learners",
@@ -175,10 +228,11 @@ def main() -> None:
         "alpaca_eval": {
             "prompts": len({r.prompt for r in evals}),
             **by_model(evals, counter, base),
+            "after_history": by_model(evals, counter, base, earlier)["mean_within_model"],
             "pooled": served_in_order(evals, counter, base),
         },
         "mooncake": mooncake(args.mooncake_rows),
-        "inference": inference(args.model, [r.prompt for r in held]),
+        "inference": inference(args.model, [r.prompt for r in held], len(base[texts[0]][1])),
     }
     if extra:
         result["data"] = {"file": str(args.data), **served_in_order(extra, counter, base)}

@@ -10,6 +10,11 @@ generated: ``with_prior(x)`` looks the prompt's segments up once, when the reque
 the point moves toward that prior as far as its evidence goes (the fast path's prior, a feature
 of the correction of the base model's).
 
+A similar-prompt prior (``learners.similar_prior``) remembers what the served model answered to
+the prompts nearest to this one (``x[VECTOR_KEY]``: the length model's vector of the prompt):
+``with_prior`` looks it up too, and the point of either path moves toward it as far as the
+history goes (a pool's own model says how long it answers, the text model what many models did).
+
 Beside the point, a band: the prediction times the ``(1 - c) / 2`` and ``(1 + c) / 2`` quantiles
 of ``log1p(actual) - log1p(predicted)`` over the class's recent requests (River's rolling
 quantiles: the jackknife's conformal interval, per class). It holds coverage ``c`` by construction
@@ -31,12 +36,16 @@ from river import compose, drift, linear_model, optim, preprocessing, stats, uti
 from steersman.learners.features import CLASSES
 from steersman.learners.metrics import ProgressiveScore
 from steersman.learners.prefix_prior import PrefixPrior
+from steersman.learners.similar_prior import SimilarPrior
 
 BASE_KEY = "base_tokens"
 PREFIX_KEY = "prefix_segments"  # the prompt's segment hashes (learners.prefix_prior), a tuple
 PRIOR_MEAN = "prefix_log_mean"  # what with_prior found: the prior's mean log1p(tokens) ...
 PRIOR_WEIGHT = "prefix_weight"  # ... and how far to trust it, n / (n + prior_strength)
-_NOT_FEATURES = frozenset({BASE_KEY, PRIOR_MEAN, PRIOR_WEIGHT})
+VECTOR_KEY = "prompt_vector"  # the length model's vector of the prompt (learners.similar_prior)
+SIMILAR_MEAN = "similar_log_mean"  # what the nearest earlier prompts produced, log1p(tokens) ...
+SIMILAR_WEIGHT = "similar_weight"  # ... and how far to trust it, n / (n + similar_strength)
+_NOT_FEATURES = frozenset({BASE_KEY, PRIOR_MEAN, PRIOR_WEIGHT, SIMILAR_MEAN, SIMILAR_WEIGHT})
 DEFAULT_SPREAD = math.log(2.0)  # a class's band before it has outcomes: a factor of 2 each way
 
 
@@ -104,6 +113,8 @@ class LengthCorrector:
         prior_entries: int = 200_000,
         prior_min_tokens: int = 64,
         prior_strength: float = 2.0,
+        similar_window: int = 4096,
+        similar_strength: float = 100.0,
     ) -> None:
         self.lr = lr
         self.l2 = l2
@@ -118,6 +129,9 @@ class LengthCorrector:
         self.prior = PrefixPrior(prior_entries)
         self.prior_min_tokens = prior_min_tokens  # a shorter shared start says little
         self.prior_strength = prior_strength
+        self.similar_window = similar_window
+        self.similar = SimilarPrior(similar_window)
+        self.similar_strength = similar_strength
         self.band_resets = 0  # bands that came out NaN or inverted: reset, never used
         self.bands: dict[str, tuple[stats.RollingQuantile, stats.RollingQuantile, int]] = {}
         self.base_spread: tuple[float, float] | None = None  # adopt_errors: the model's claim
@@ -136,8 +150,9 @@ class LengthCorrector:
 
     def with_prior(self, x: Mapping[str, Any], segment_tokens: int) -> dict[str, Any]:
         """``x`` with what the prefix prior knows of the prompt's segments (``x[PREFIX_KEY]``,
-        each ``segment_tokens`` long): looked up once, when the request arrives, so that its
-        prediction and what is learned from its outcome read the same prior.
+        each ``segment_tokens`` long) and the similar-prompt prior of its vector
+        (``x[VECTOR_KEY]``): looked up once, when the request arrives, so that its prediction
+        and what is learned from its outcome read the same priors.
 
         >>> c = LengthCorrector(prior_min_tokens=32)
         >>> for k in range(20):
@@ -154,6 +169,11 @@ class LengthCorrector:
         if got is not None and got.depth * segment_tokens >= self.prior_min_tokens:
             out[PRIOR_MEAN] = got.mean
             out[PRIOR_WEIGHT] = got.n / (got.n + self.prior_strength)
+        vector = x.get(VECTOR_KEY)
+        near = self.similar.predict_one(vector) if vector is not None else None
+        if near is not None:
+            out[SIMILAR_MEAN] = near.mean
+            out[SIMILAR_WEIGHT] = near.n / (near.n + self.similar_strength)
         return out
 
     def adopt_errors(self, quantiles: Sequence[float] | None) -> None:
@@ -206,9 +226,13 @@ class LengthCorrector:
 
     def _inputs(self, x: Mapping[str, Any], base: float | None) -> tuple[dict[str, float], float]:
         """(features, center) of one path: the correction of the base model's log length, or
-        without one the fast path's, around the class mean moved toward the prefix prior."""
+        without one the fast path's, around the class mean; either moved toward the
+        similar-prompt prior, the fast path's toward the prefix prior too."""
         features = _numeric(x)
         anchor = math.log1p(max(base, 0.0)) if base is not None else self._class_mean(x)
+        similar, share = _finite(x.get(SIMILAR_MEAN)), _finite(x.get(SIMILAR_WEIGHT))
+        if similar is not None and share is not None:
+            anchor += share * (similar - anchor)
         prior, weight = _finite(x.get(PRIOR_MEAN)), _finite(x.get(PRIOR_WEIGHT))
         if prior is None or weight is None:
             return features, anchor
@@ -245,6 +269,9 @@ class LengthCorrector:
         segments = x.get(PREFIX_KEY)
         if isinstance(segments, tuple):
             self.prior.learn_one(segments, actual)
+        vector = x.get(VECTOR_KEY)
+        if vector is not None:
+            self.similar.learn_one(vector, actual)
         means = self.class_means.get(cls)
         if means is None:
             means = self.class_means[cls] = utils.Rolling(stats.Mean, window_size=500)
@@ -269,8 +296,10 @@ class LengthCorrector:
 
     def reset(self) -> None:
         """Forget what was learned online (the controller's hot model update, a new model): the
-        corrections, and the bands, which described the errors of the corrected predictions
-        (what the model's validation said stays: ``adopt_errors`` for a new model)."""
+        corrections, the bands, which described the errors of the corrected predictions (what
+        the model's validation said stays: ``adopt_errors`` for a new model), and the prompts'
+        vectors (a new model's encoder places prompts elsewhere)."""
+        self.similar = SimilarPrior(self.similar_window)
         self.residual = _model(self.lr, self.l2, self.intercept_lr)
         self.direct = _model(self.lr, self.l2, self.intercept_lr)
         self.detector = drift.ADWIN(delta=self.drift_delta)

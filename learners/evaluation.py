@@ -1,16 +1,29 @@
 """Progressive evaluation of the length predictors on data served in order, as in production:
-each request is predicted, then learned from; the base, corrected and feature-only paths scored."""
+each request is predicted, then learned from; the base, corrected and feature-only paths scored,
+and, given the prompts' vectors, the corrected path with the similar-prompt prior."""
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
-from steersman.learners.corrector import BASE_KEY, LengthCorrector
+from steersman.learners.corrector import BASE_KEY, VECTOR_KEY, LengthCorrector
 from steersman.learners.features import request_features
 from steersman.learners.metrics import score
 
-PATHS = ("base", "corrected", "fast")
+PATHS = ("base", "corrected", "fast", "similar")
+
+
+@dataclass(frozen=True)
+class History:
+    """Requests a pool served before the evaluated ones: every path learns them first."""
+
+    prompts: list[str]
+    actual: list[int]
+    prompt_tokens: list[int]
+    base: list[float]
+    vectors: list[Any]
 
 
 def evaluate(
@@ -20,9 +33,22 @@ def evaluate(
     base: list[float] | None,
     checkpoints: tuple[int, ...] = (200, 1000),
     window: int = 200,
+    vectors: list[Any] | None = None,
+    history: History | None = None,
 ) -> dict[str, Any]:
-    """Progressive evaluation in the given order; rolling MAE at each checkpoint."""
-    fast, corrected = LengthCorrector(), LengthCorrector()
+    """Progressive evaluation in the given order; rolling MAE at each checkpoint. ``vectors``
+    (the length model's, per prompt; with ``base``) adds the ``similar`` path: the corrected
+    prediction with the similar-prompt prior. ``history``: learned first by every path."""
+    fast, corrected, similar = LengthCorrector(), LengthCorrector(), LengthCorrector()
+    with_vectors = base is not None and vectors is not None
+    h = history
+    for i, (text, y) in enumerate(zip(h.prompts, h.actual, strict=True) if h else ()):
+        x = request_features(text, prompt_tokens=h.prompt_tokens[i])
+        fast.learn_one(x, y)
+        corrected.learn_one({**x, BASE_KEY: h.base[i]}, y)
+        if with_vectors:
+            x = {**x, BASE_KEY: h.base[i], VECTOR_KEY: h.vectors[i]}
+            similar.learn_one(similar.with_prior(x, 0), y)
     pairs: dict[str, list[tuple[float, float]]] = {p: [] for p in PATHS}
     per_class: dict[str, dict[str, list[tuple[float, float]]]] = {}
     rolling: dict[int, dict[str, float]] = {}
@@ -37,6 +63,11 @@ def evaluate(
             guesses["base"] = base[i]
             guesses["corrected"] = band.mid
             bands["corrected"].append((band.lo, band.hi, float(y)))
+        if with_vectors:
+            near = similar.with_prior({**x, BASE_KEY: base[i], VECTOR_KEY: vectors[i]}, 0)
+            band = similar.predict_band(near)
+            guesses["similar"] = band.mid
+            bands.setdefault("similar", []).append((band.lo, band.hi, float(y)))
         for name, value in guesses.items():
             pairs[name].append((value, float(y)))
             per_class.setdefault(x["request_class"], {p: [] for p in PATHS})[name].append(
@@ -45,6 +76,8 @@ def evaluate(
         fast.learn_one(x, y)
         if base is not None:
             corrected.learn_one({**x, BASE_KEY: base[i]}, y)
+        if with_vectors:
+            similar.learn_one(near, y)
         if i + 1 in checkpoints:
             rolling[i + 1] = {
                 name: statistics.fmean(abs(p - a) for p, a in got[-window:])

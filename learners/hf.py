@@ -152,10 +152,13 @@ class _Pooled(torch.nn.Module):
         self.head = torch.nn.Linear(encoder.config.hidden_size, 1)
 
     def forward(self, input_ids: Any, mask: Any) -> Any:
+        return self.head(self.pool(input_ids, mask)).squeeze(-1)
+
+    def pool(self, input_ids: Any, mask: Any) -> Any:
+        """The prompt's vector: what the head reads (and the similar-prompt prior compares)."""
         hidden = self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
         weights = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-        return self.head(pooled).squeeze(-1)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
     def bias(self) -> Any:
         return self.head.bias
@@ -460,6 +463,21 @@ class LengthModel:
         preds = self.predict_many(texts)
         errors = [abs(p - t) for p, t in zip(preds, targets_log, strict=True)]
         return sum(errors) / max(1, len(errors))
+
+    @torch.inference_mode()
+    def predict_with_vectors(self, texts: list[str]) -> tuple[list[float], list[Any]]:
+        """``predict_log`` and each prompt's vector (``_Pooled``'s mean-pooled encoder state, a
+        float32 array; None per prompt for a classifier checkpoint, which has none)."""
+        if not texts:
+            return [], []
+        if not isinstance(self.net, _Pooled):
+            return self.predict_log(texts), [None] * len(texts)
+        self.net.eval()
+        input_ids, mask = self._encode([t if t and t.strip() else " " for t in texts])
+        pooled = self.net.pool(input_ids, mask)
+        out = self.net.head(pooled).squeeze(-1)
+        vectors = pooled.float().cpu().numpy()
+        return [float(v) for v in out.float().cpu()], list(vectors)
 
     def predict_many(self, texts: list[str], batch_size: int = 64) -> list[float]:
         """``predict_log`` over many texts, in batches of similar length (less padding)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from steersman.data import path
@@ -129,6 +130,11 @@ def test_the_packaged_base_fine_tunes_saves_and_serves_traced_int8(minilm, small
     eager = again.predict_log(odd)
     assert eager == pytest.approx(model.predict_log(odd), abs=1e-5)
     assert all(math.isfinite(v) for v in eager)
+    # The prompts' vectors (the similar-prompt prior's) come with the same predictions.
+    values, vectors = again.predict_with_vectors(odd)
+    assert values == pytest.approx(eager, abs=1e-5)
+    assert all(v.shape == (384,) and np.isfinite(v).all() for v in vectors)
+    assert again.predict_with_vectors([]) == ([], [])
     # Traced, the graph runs batches of other sizes and lengths than it was traced with: the
     # same numbers as the network, padding or not.
     traced = LengthModel.load(saved, max_length=64, compiled=True)
@@ -157,6 +163,7 @@ def test_a_one_output_classifier_checkpoint_loads_as_a_trained_regressor(tmp_pat
     model = LengthModel.load(tmp_path / "c")
     assert model.trained and model.max_length == 64
     assert len(model.predict_log(["hello", ""])) == 2
+    assert model.predict_with_vectors(["hello", ""])[1] == [None, None]  # a classifier has none
 
 
 def test_a_base_directory_with_a_missing_or_altered_file_is_refused_naming_it(minilm, tmp_path):
