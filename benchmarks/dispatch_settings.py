@@ -13,6 +13,8 @@ Run from the repository root:
         --set admission=none --set ttft_weight=1
 Prints one JSON object per policy: P99 TTFT, mean E2E and mean normalized latency (or the
 capacity) per seed, their means, and the means' ratios to the first policy's (least-load's).
+``--similar-prompts`` runs the policies that learn from predictions once more, named
+``POLICY +similar``, with each prompt's vector for the corrector's similar-prompt prior.
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ def main() -> None:
     )
     parser.add_argument("--set", action="append", default=[], dest="changes",
                         metavar="FIELD=VALUE[,...]")  # fmt: skip
+    parser.add_argument("--similar-prompts", action="store_true",
+                        help="also each learning policy with the similar-prompt prior")  # fmt: skip
     args = parser.parse_args()
     standard = bench.variants()
     try:
@@ -160,6 +164,14 @@ def main() -> None:
     seeds = range(args.seeds)
     rows = compare(policies, items, trace, profile, args.scenario, capacity, seeds,
                    band_errors=errors)  # fmt: skip
+    if args.similar_prompts:
+        learning = {f"{n} +similar": v for n, v in policies.items() if v.predictor == "learned"}
+        yardstick = dict(list(policies.items())[:1])
+        items = bench.prompt_items(counter, model.predict_log, args.requests,
+                                   profile.max_model_len, 0,
+                                   lambda t: model.predict_with_vectors(t)[1])  # fmt: skip
+        rows += compare({**yardstick, **learning}, items, trace, profile, args.scenario,
+                        capacity, seeds, band_errors=errors)[1:]  # fmt: skip
     for row in rows:
         print(json.dumps({"profile": args.profile, "capacity_rps": capacity, **row}), flush=True)
 

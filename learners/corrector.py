@@ -294,12 +294,14 @@ class LengthCorrector:
         got[1].update(error)
         self.bands[cls] = (got[0], got[1], got[2] + 1)
 
-    def reset(self) -> None:
+    def reset(self, *, new_model: bool = False) -> None:
         """Forget what was learned online (the controller's hot model update, a new model): the
-        corrections, the bands, which described the errors of the corrected predictions (what
-        the model's validation said stays: ``adopt_errors`` for a new model), and the prompts'
-        vectors (a new model's encoder places prompts elsewhere)."""
-        self.similar = SimilarPrior(self.similar_window)
+        corrections, and the bands, which described the errors of the corrected predictions
+        (what the model's validation said stays: ``adopt_errors`` for a new model). What the
+        served model answered to similar prompts stays true; the prompts' vectors go only with
+        ``new_model`` (a new model's encoder places prompts elsewhere)."""
+        if new_model:
+            self.similar = SimilarPrior(self.similar_window)
         self.residual = _model(self.lr, self.l2, self.intercept_lr)
         self.direct = _model(self.lr, self.l2, self.intercept_lr)
         self.detector = drift.ADWIN(delta=self.drift_delta)

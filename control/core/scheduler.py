@@ -35,7 +35,7 @@ from steersman.control.core.prefix import PrefixIndex, block_hashes
 from steersman.control.core.priority import priority_key, vllm_priority
 from steersman.control.core.running import InFlight
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
-from steersman.learners.corrector import BASE_KEY, PREFIX_KEY, Band
+from steersman.learners.corrector import BASE_KEY, PREFIX_KEY, VECTOR_KEY, Band
 from steersman.learners.metrics import InOrder, RankWindow
 from steersman.learners.remaining import RemainingLength, remaining
 
@@ -146,11 +146,11 @@ class Scheduler:
         return ticket
 
     def _features(self, arrival: Arrival) -> Mapping[str, Any]:
-        """The request's features with its prompt's segments and what the corrector's prefix
-        prior knows of them, as of its arrival."""
-        if self.corrector is None or not arrival.prefix:
+        """The request's features with its prompt's segments, and what the corrector's priors
+        (shared prefixes, similar prompts) know of them, as of its arrival."""
+        if self.corrector is None or not (arrival.prefix or VECTOR_KEY in arrival.x):
             return arrival.x
-        x = {**arrival.x, PREFIX_KEY: arrival.prefix}
+        x = {**arrival.x, PREFIX_KEY: arrival.prefix} if arrival.prefix else arrival.x
         return self.corrector.with_prior(x, arrival.segment_tokens)
 
     def _ticket(self, arrival: Arrival, x: Mapping[str, Any], now: float) -> Ticket:
@@ -452,7 +452,7 @@ class Scheduler:
         residuals, the compensation of its bias) starts over, its bands from what the new one's
         validation said of its errors (``errors``: ``LengthCorrector.adopt_errors``)."""
         if self.corrector is not None:
-            self.corrector.reset()
+            self.corrector.reset(new_model=True)
             self.corrector.adopt_errors(errors)
         self.rank = RankWindow(self.controller.rank_window)
         self.state = replace(self.state, compensation={}, ratios={}, seen={})

@@ -34,7 +34,7 @@ from steersman.control.sim.gpu import GpuEvent, SimGpu, SimGpuSource, spec_for
 from steersman.control.sim.profiles import StepModel
 from steersman.control.sim.virtual import run_cluster
 from steersman.control.training.bundled import bundled_records, held_out
-from steersman.learners.corrector import BASE_KEY, LengthCorrector
+from steersman.learners.corrector import BASE_KEY, VECTOR_KEY, LengthCorrector
 from steersman.learners.features import request_features
 from steersman.learners.latency import LatencyModel
 from steersman.learners.metrics import error_quantiles
@@ -181,17 +181,31 @@ class Item:
 
 
 def prompt_items(
-    counter: TokenCounter, predict_log: PredictLog, n: int, max_model_len: int, seed: int
+    counter: TokenCounter,
+    predict_log: PredictLog,
+    n: int,
+    max_model_len: int,
+    seed: int,
+    vectors: Callable[[list[str]], list[Any]] | None = None,
 ) -> list[Item]:
-    """Held-out prompts with their real response lengths and the length model's predictions."""
+    """Held-out prompts with their real response lengths and the length model's predictions;
+    with ``vectors`` (``LengthModel.predict_with_vectors``' second part), each prompt's vector
+    for the corrector's similar-prompt prior."""
     rng = random.Random(seed)
     _, prompts = held_out(bundled_records())
     work = build_workload(prompts, [0.0] * n, counter, rng, max_model_len=max_model_len)
-    bases = _predict([w.prompt for w in work], predict_log)
-    return [
+    texts = [w.prompt for w in work]
+    bases = _predict(texts, predict_log)
+    items = [
         Item(w.prompt_tokens, w.true_tokens, _features(w.prompt, w.prompt_tokens, base))
         for w, base in zip(work, bases, strict=True)
     ]
+    if vectors is not None:
+        found = [v for k in range(0, len(texts), 64) for v in vectors(texts[k : k + 64])]
+        for item, vector in zip(items, found, strict=True):
+            if vector is not None:
+                item.features[VECTOR_KEY] = vector
+    return items
 
 
 def trace_items(

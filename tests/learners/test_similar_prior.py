@@ -80,8 +80,11 @@ def test_beside_a_base_model_that_cannot_tell_topics_apart_the_corrector_ranks_t
         without.learn_one(x, tokens)
     tau = {n: kendalltau(*zip(*p, strict=True)).statistic for n, p in scored.items()}
     assert tau["with"] > 0.6 and tau["with"] > tau["without"] + 0.5, tau
-    # A new model's encoder places prompts elsewhere: what the old one's vectors said goes.
+    # A hot model update keeps what the model answered; a new model's encoder places prompts
+    # elsewhere: what the old one's vectors said goes.
     with_vectors.reset()
+    assert len(with_vectors.similar) == 800
+    with_vectors.reset(new_model=True)
     assert len(with_vectors.similar) == 0
     assert "similar_log_mean" not in with_vectors.with_prior({VECTOR_KEY: vector}, 0)
 

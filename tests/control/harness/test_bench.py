@@ -13,7 +13,7 @@ from steersman.control.harness.bench_suite import SimOptions, scenario_run
 from steersman.control.harness.workloads import load_trace
 from steersman.control.sim.profiles import PROFILES
 from steersman.data import path
-from steersman.learners.corrector import BASE_KEY
+from steersman.learners.corrector import BASE_KEY, VECTOR_KEY
 from steersman.learners.metrics import error_quantiles
 
 TRACE = load_trace(path("azure_conv"))
@@ -169,3 +169,21 @@ def test_vllm_priority_oracle_orders_vllm_by_the_true_lengths_whatever_the_model
     assert told["kv_held"] == 0 and told["fallbacks"] == 0  # no steersman queue, no controller
     fcfs = bench.run_sim("least-load", bench.variants()["least-load"], items, times, A30, 2)
     assert told["norm_mean_s"] < fcfs["norm_mean_s"]  # shortest first inside vLLM
+
+
+def test_the_prompts_vectors_reach_the_corrector_through_the_simulated_core():
+    """A base model that says the same of every prompt; the vectors tell long from short, and the
+    similar-prompt prior learns which is which from the outcomes."""
+    rng = random.Random(6)
+    items = []
+    for _ in range(400):
+        long = rng.random() < 0.3
+        vector = [1.0, rng.random() * 0.2] if long else [rng.random() * 0.2, 1.0]
+        out = rng.randint(600, 1200) if long else rng.randint(5, 60)
+        items.append(bench.Item(200, out, {BASE_KEY: 150.0, VECTOR_KEY: vector}))
+    blind = [bench.Item(i.prompt_tokens, i.output_tokens, {BASE_KEY: 150.0}) for i in items]
+    times = [0.1 * k for k in range(400)]  # 10 req/s on two A30s: a queue builds
+    steersman = bench.variants()["steersman"]
+    seen = bench.run_sim("steersman", steersman, items, times, A30, 2)
+    not_seen = bench.run_sim("steersman", steersman, blind, times, A30, 2)
+    assert seen["norm_mean_s"] < 0.9 * not_seen["norm_mean_s"], (seen, not_seen)
