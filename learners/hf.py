@@ -227,7 +227,10 @@ class LengthModel:
         model_type: str = "roberta",
         trained: bool = True,
     ):
-        self.net = net.to(device)
+        try:
+            self.net = net.to(device)
+        except (RuntimeError, AssertionError) as exc:  # no such device, or not in this build
+            raise ValueError(f"device {device!r}: {exc}") from None
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.device = device

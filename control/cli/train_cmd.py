@@ -98,6 +98,13 @@ def train_command(
         float,
         typer.Option(min=0.0, help="Weight of the ranking loss (ListMLE) beside the regression."),
     ] = 1.0,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="The torch device to train on: cpu, cuda, cuda:1 (a GPU fine-tunes the "
+            "pretrained base in minutes)."
+        ),
+    ] = "cpu",
     compare: Annotated[
         bool,
         typer.Option(
@@ -183,6 +190,7 @@ def train_command(
                     seed=seed,
                     progress=tick,
                     rank_weight=weight,
+                    device=device,
                 )
             except ValueError as exc:  # a directory that is not an encoder: the reason
                 failure = str(exc)

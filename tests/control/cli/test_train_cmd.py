@@ -170,6 +170,9 @@ def test_a_local_encoder_directory_is_fine_tuned_and_anything_else_refused(
     refused = CliRunner().invoke(app, [*common, "--base-model", str(tiny_model)])
     assert refused.exit_code == 2
     assert "model_type 'llama' is not an encoder" in refused.stderr
+    nowhere = CliRunner().invoke(app, [*common, "--base-model", str(base), "--device", "bogus"])
+    assert nowhere.exit_code == 2
+    assert nowhere.stderr.strip().splitlines()[-1].startswith("error: device 'bogus': Expected")
     (base / "model.safetensors").unlink()
     missing = CliRunner().invoke(app, [*common, "--base-model", str(base)])
     assert missing.exit_code == 2
