@@ -41,14 +41,19 @@ def evaluate(
     prediction with the similar-prompt prior. ``history``: learned first by every path."""
     fast, corrected, similar = LengthCorrector(), LengthCorrector(), LengthCorrector()
     with_vectors = base is not None and vectors is not None
+
+    def learn(x: dict[str, Any], b: float | None, near: dict[str, Any] | None, y: int) -> None:
+        fast.learn_one(x, y)
+        if b is not None:
+            corrected.learn_one({**x, BASE_KEY: b}, y)
+        if near is not None:
+            similar.learn_one(near, y)
+
     h = history
     for i, (text, y) in enumerate(zip(h.prompts, h.actual, strict=True) if h else ()):
         x = request_features(text, prompt_tokens=h.prompt_tokens[i])
-        fast.learn_one(x, y)
-        corrected.learn_one({**x, BASE_KEY: h.base[i]}, y)
-        if with_vectors:
-            x = {**x, BASE_KEY: h.base[i], VECTOR_KEY: h.vectors[i]}
-            similar.learn_one(similar.with_prior(x, 0), y)
+        near = {**x, BASE_KEY: h.base[i], VECTOR_KEY: h.vectors[i]}
+        learn(x, h.base[i], similar.with_prior(near, 0) if with_vectors else None, y)
     pairs: dict[str, list[tuple[float, float]]] = {p: [] for p in PATHS}
     per_class: dict[str, dict[str, list[tuple[float, float]]]] = {}
     rolling: dict[int, dict[str, float]] = {}
@@ -63,6 +68,7 @@ def evaluate(
             guesses["base"] = base[i]
             guesses["corrected"] = band.mid
             bands["corrected"].append((band.lo, band.hi, float(y)))
+        near = None
         if with_vectors:
             near = similar.with_prior({**x, BASE_KEY: base[i], VECTOR_KEY: vectors[i]}, 0)
             band = similar.predict_band(near)
@@ -73,11 +79,7 @@ def evaluate(
             per_class.setdefault(x["request_class"], {p: [] for p in PATHS})[name].append(
                 (value, float(y))
             )
-        fast.learn_one(x, y)
-        if base is not None:
-            corrected.learn_one({**x, BASE_KEY: base[i]}, y)
-        if with_vectors:
-            similar.learn_one(near, y)
+        learn(x, base[i] if base is not None else None, near, y)
         if i + 1 in checkpoints:
             rolling[i + 1] = {
                 name: statistics.fmean(abs(p - a) for p, a in got[-window:])
