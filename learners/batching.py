@@ -12,10 +12,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
-PredictBatch = Callable[[list[str]], Sequence[float]]
+
+class Estimate(NamedTuple):
+    """A model's answer for one text: its value and, from a model that has one, the text's
+    vector (what the similar-prompt prior compares)."""
+
+    value: float
+    vector: Any = None
+
+
+# Per text, a value or an Estimate.
+PredictBatch = Callable[[list[str]], Sequence[float | Estimate]]
 
 
 @dataclass
@@ -28,8 +39,8 @@ class BatcherStats:
 
 
 class MicroBatcher:
-    """``await batcher.predict(text, deadline_s)`` -> the model's value, or None when it is not
-    ready in time (the caller then uses its fast path and flags the request).
+    """``await batcher.predict(text, deadline_s)`` -> the model's ``Estimate``, or None when it
+    is not ready in time (the caller then uses its fast path and flags the request).
 
     One worker thread owns the model, so the event loop never blocks on inference and the model
     needs no locking; ``swap`` replaces the model between two batches, dropping nothing.
@@ -42,18 +53,18 @@ class MicroBatcher:
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.stats = BatcherStats()
-        self._queue: queue.Queue[tuple[str, concurrent.futures.Future[float]] | None] = (
+        self._queue: queue.Queue[tuple[str, concurrent.futures.Future[Estimate]] | None] = (
             queue.Queue()
         )
         self._thread = threading.Thread(target=self._run, name="micro-batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, text: str) -> concurrent.futures.Future[float]:
-        future: concurrent.futures.Future[float] = concurrent.futures.Future()
+    def submit(self, text: str) -> concurrent.futures.Future[Estimate]:
+        future: concurrent.futures.Future[Estimate] = concurrent.futures.Future()
         self._queue.put((text if isinstance(text, str) else "", future))
         return future
 
-    async def predict(self, text: str, deadline_s: float) -> float | None:
+    async def predict(self, text: str, deadline_s: float) -> Estimate | None:
         future = self.submit(text)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout=deadline_s)
@@ -94,7 +105,7 @@ class MicroBatcher:
                 batch.append(item)
             self._answer(batch)
 
-    def _answer(self, batch: list[tuple[str, concurrent.futures.Future[float]]]) -> None:
+    def _answer(self, batch: list[tuple[str, concurrent.futures.Future[Estimate]]]) -> None:
         live = [(t, f) for t, f in batch if f.set_running_or_notify_cancel()]
         if not live:
             return
@@ -111,6 +122,7 @@ class MicroBatcher:
         self.stats.batches += 1
         self.stats.items += len(live)
         for (_, future), value in zip(live, values, strict=True):
-            if not math.isfinite(value):
+            answer = value if isinstance(value, Estimate) else Estimate(float(value))
+            if not math.isfinite(answer.value):
                 self.stats.invalid += 1
-            future.set_result(float(value))
+            future.set_result(answer)

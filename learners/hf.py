@@ -164,6 +164,19 @@ class _Pooled(torch.nn.Module):
         return self.head.bias
 
 
+class _Scored(torch.nn.Module):
+    """A ``_Pooled`` network's prediction with the prompt's vector, in one pass: what serving
+    runs (and traces), so the vector costs nothing beyond the prediction."""
+
+    def __init__(self, net: _Pooled) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, input_ids: Any, mask: Any) -> tuple[Any, Any]:
+        pooled = self.net.pool(input_ids, mask)
+        return self.net.head(pooled).squeeze(-1), pooled
+
+
 class _Classifier(torch.nn.Module):
     """A ``*ForSequenceClassification`` checkpoint with one regression output (the length models
     steersman saved before its pooled head, or any such model of the operator's)."""
@@ -236,7 +249,9 @@ class LengthModel:
         self.device = device
         self.model_type = model_type
         self.trained = trained
-        self.forward = self.net  # what predictions run (a traced graph of it, when compiled)
+        # What predictions run: (values, vectors) from a pooled network, values alone from a
+        # classifier; a traced graph of it, when compiled.
+        self.forward = _Scored(self.net) if isinstance(self.net, _Pooled) else self.net
         self.net.eval()
 
     @classmethod
@@ -327,7 +342,8 @@ class LengthModel:
         model = cls(net, tokenizer, min(max_length, window), device, model_type=kind,
                     trained=trained)  # fmt: skip
         if compiled:
-            model.forward = _traced(net, model._encode(["How long will the answer to this be?"]))
+            example = model._encode(["How long will the answer to this be?"])
+            model.forward = _traced(model.forward, example)
         return model
 
     def save(self, directory: Path, metadata: dict[str, Any]) -> Path:
@@ -363,16 +379,10 @@ class LengthModel:
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
         return input_ids.to(self.device), mask.to(self.device)
 
-    @torch.inference_mode()
     def predict_log(self, texts: list[str]) -> list[float]:
         """``log1p(tokens)`` per text; a batch of any size; any text (empty, only special
         tokens, longer than the window) gives a number."""
-        if not texts:
-            return []
-        self.net.eval()
-        input_ids, mask = self._encode([t if t and t.strip() else " " for t in texts])
-        out = self.forward(input_ids, mask)
-        return [float(v) for v in out.float().cpu()]
+        return self.predict_with_vectors(texts, vectors=False)[0]
 
     def fit(
         self,
@@ -468,19 +478,24 @@ class LengthModel:
         return sum(errors) / max(1, len(errors))
 
     @torch.inference_mode()
-    def predict_with_vectors(self, texts: list[str]) -> tuple[list[float], list[Any]]:
-        """``predict_log`` and each prompt's vector (``_Pooled``'s mean-pooled encoder state, a
-        float32 array; None per prompt for a classifier checkpoint, which has none)."""
+    def predict_with_vectors(
+        self, texts: list[str], *, vectors: bool = True
+    ) -> tuple[list[float], list[Any]]:
+        """``predict_log`` and each prompt's vector (the mean-pooled encoder state that the head
+        reads, a float32 array; None per prompt for a classifier checkpoint, which has none,
+        and without ``vectors``)."""
         if not texts:
             return [], []
-        if not isinstance(self.net, _Pooled):
-            return self.predict_log(texts), [None] * len(texts)
         self.net.eval()
         input_ids, mask = self._encode([t if t and t.strip() else " " for t in texts])
-        pooled = self.net.pool(input_ids, mask)
-        out = self.net.head(pooled).squeeze(-1)
-        vectors = pooled.float().cpu().numpy()
-        return [float(v) for v in out.float().cpu()], list(vectors)
+        out = self.forward(input_ids, mask)
+        pooled = None
+        if isinstance(out, tuple):
+            out, pooled = out
+        values = [float(v) for v in out.float().cpu()]
+        if pooled is None or not vectors:
+            return values, [None] * len(texts)
+        return values, list(pooled.float().cpu().numpy())
 
     def predict_many(self, texts: list[str], batch_size: int = 64) -> list[float]:
         """``predict_log`` over many texts, in batches of similar length (less padding)."""

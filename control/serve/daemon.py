@@ -88,6 +88,7 @@ class Daemon:
             coverage=s.predictor.band_coverage,
             band_window=s.predictor.band_window,
             prior_entries=s.predictor.prefix_prior_entries,
+            similar_window=s.predictor.similar_prompts,
         )
         corrector.adopt_errors(validation_errors(directory))
         predictor = Predictor(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from steersman.learners.batching import MicroBatcher
-from steersman.learners.corrector import BASE_KEY
+from steersman.learners.corrector import BASE_KEY, VECTOR_KEY
 from steersman.learners.features import request_features
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 class Prediction:
     """The inputs of a request's prediction, which the learners also learn from."""
 
-    x: dict[str, Any]  # features, telemetry and (when there is one) the base prediction
+    x: dict[str, Any]  # features, telemetry, and the base prediction and vector when there are
     request_class: str
     prompt_tokens: int | None
     base: float | None  # RoBERTa's, in tokens
@@ -65,9 +65,13 @@ class Predictor:
             x["max_tokens"] = max_tokens
         base = None
         if self.batcher is not None:
-            base = await self.batcher.predict(text, self.deadline_s)
-            if base is not None and math.isfinite(base):
-                x[BASE_KEY] = base
+            estimate = await self.batcher.predict(text, self.deadline_s)
+            if estimate is not None:
+                base = estimate.value
+                if math.isfinite(base):
+                    x[BASE_KEY] = base
+                    if estimate.vector is not None:
+                        x[VECTOR_KEY] = estimate.vector  # the similar-prompt prior's key
         return Prediction(
             x=x,
             request_class=str(x["request_class"]),

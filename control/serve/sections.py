@@ -190,6 +190,14 @@ class PredictorSettings(_Section):
         "(least recently used go first; a few dozen bytes each); 0: no prefix prior. Needs "
         "tokenizer_dir (prompts are hashed in the served model's tokens).",
     )
+    similar_prompts: int = Field(
+        default=4096,
+        ge=0,
+        description="Recent prompts whose vectors and answer lengths the similar-prompt prior "
+        "remembers (its prediction leans toward what the served model answered to the 30 most "
+        "similar; about 1.5 kB each, in memory and in checkpoints); 0: no similar-prompt "
+        "prior. Needs a length model with a pooled head (what steersman train makes).",
+    )
     base_model: AbsolutePath | None = Field(
         default=None,
         description="Pretrained encoder that retraining fine-tunes from (any local Hugging Face "

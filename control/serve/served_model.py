@@ -13,7 +13,7 @@ from typing import Any
 
 from steersman.control.serve.predictor import Predictor
 from steersman.control.serve.sections import PredictorSettings
-from steersman.learners.batching import MicroBatcher
+from steersman.learners.batching import Estimate, MicroBatcher
 from steersman.storage.registry import model_versions
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,19 @@ class ServedModel:
     def _batcher(self, model: Any) -> MicroBatcher:
         s = self.settings
         return MicroBatcher(
-            _tokens_of(model), max_batch=s.max_batch, max_wait_s=s.max_wait_ms / 1000
+            self._tokens_of(model), max_batch=s.max_batch, max_wait_s=s.max_wait_ms / 1000
         )
+
+    def _tokens_of(self, model: Any) -> Callable[[list[str]], list[Estimate]]:
+        """The model's answers in tokens, with the prompts' vectors while the similar-prompt
+        prior is on."""
+        vectors = self.settings.similar_prompts > 0
+
+        def tokens(texts: list[str]) -> list[Estimate]:
+            values, found = model.predict_with_vectors(texts, vectors=vectors)
+            return [Estimate(math.expm1(v), f) for v, f in zip(values, found, strict=True)]
+
+        return tokens
 
     def swap(self, model: Any, version: str, directory: Path | None = None) -> None:
         """Serve ``model`` from the next inference batch on; no request is dropped or stalled."""
@@ -99,7 +110,7 @@ class ServedModel:
             self.batcher = self._batcher(model)
             self.predictor.batcher = self.batcher
         else:
-            self.batcher.swap(_tokens_of(model))
+            self.batcher.swap(self._tokens_of(model))
         previous = self.predictor.model_version
         self.predictor.model_version = version
         self.directory = directory or self.models_dir / version
@@ -140,7 +151,3 @@ def _load(directory: Path, settings: PredictorSettings) -> Any:
             "it first (steersman train --base-model DIR)"
         )
     return model
-
-
-def _tokens_of(model: Any) -> Callable[[list[str]], list[float]]:
-    return lambda texts: [math.expm1(v) for v in model.predict_log(texts)]

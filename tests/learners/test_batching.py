@@ -6,7 +6,7 @@ import asyncio
 import math
 import threading
 
-from steersman.learners.batching import MicroBatcher
+from steersman.learners.batching import Estimate, MicroBatcher
 
 
 def test_concurrent_requests_share_batches_and_get_their_own_answers():
@@ -25,7 +25,7 @@ def test_concurrent_requests_share_batches_and_get_their_own_answers():
         answers = asyncio.run(go())
     finally:
         batcher.close()
-    assert answers == [float(i) for i in range(40)]
+    assert answers == [Estimate(float(i)) for i in range(40)]
     assert max(sizes) > 1 and max(sizes) <= 16 and sum(sizes) == 40
     assert batcher.stats.items == 40 and batcher.stats.batches == len(sizes)
 
@@ -59,9 +59,9 @@ def test_failures_and_odd_outputs_do_not_raise_to_the_caller():
         assert asyncio.run(batcher.predict("x", 5.0)) is None
         assert batcher.stats.failed == 1
         batcher.swap(lambda texts: [math.nan] * len(texts))
-        value = asyncio.run(batcher.predict("x", 5.0))
+        value = asyncio.run(batcher.predict("x", 5.0)).value
         assert math.isnan(value) and batcher.stats.invalid == 1
-        batcher.swap(lambda texts: [7.0] * len(texts))  # the hot swap
-        assert asyncio.run(batcher.predict("x", 5.0)) == 7.0
+        batcher.swap(lambda texts: [Estimate(7.0, [1.0])] * len(texts))  # the hot swap
+        assert asyncio.run(batcher.predict("x", 5.0)) == Estimate(7.0, [1.0])
     finally:
         batcher.close()

@@ -147,6 +147,11 @@ def test_the_packaged_base_fine_tunes_saves_and_serves_traced_int8(minilm, small
     assert served.predict_log(odd) == pytest.approx(plain.predict_log(odd), abs=1e-4)
     gaps = [abs(a - b) for a, b in zip(eager, served.predict_log(odd), strict=True)]
     assert max(gaps) < 0.25
+    # Serving reads the vectors from the same traced pass as the predictions.
+    values, vectors = served.predict_with_vectors(odd)
+    assert values == pytest.approx(served.predict_log(odd), abs=1e-5)
+    assert all(v.shape == (384,) and np.isfinite(v).all() for v in vectors)
+    assert served.predict_with_vectors(odd, vectors=False)[1] == [None] * len(odd)
 
 
 def test_a_one_output_classifier_checkpoint_loads_as_a_trained_regressor(tmp_path):

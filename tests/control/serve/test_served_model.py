@@ -1,12 +1,37 @@
-"""What a served model's directory says of its validation errors: read, or nothing."""
+"""The served model: the prompts' vectors handed on while the similar-prompt prior is on, and
+what its directory says of its validation errors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
-from steersman.control.serve.served_model import validation_errors
+from steersman.control.serve.predictor import Predictor
+from steersman.control.serve.sections import PredictorSettings
+from steersman.control.serve.served_model import ServedModel, validation_errors
+from steersman.learners.corrector import BASE_KEY, VECTOR_KEY
+from steersman.learners.hf import LengthModel
+
+
+@pytest.mark.parametrize("similar_prompts", [4096, 0])
+def test_prompt_vectors_reach_the_features_while_the_similar_prior_is_on(tmp_path, similar_prompts):
+    model = LengthModel.from_scratch(["some text", "more text"], vocab_size=300, hidden=32,
+                                     layers=1, heads=2)  # fmt: skip
+    predictor = Predictor(deadline_s=60.0)
+    settings = PredictorSettings(similar_prompts=similar_prompts)
+    served = ServedModel(predictor, settings, tmp_path, event=lambda *e: None,
+                         forget=lambda errors: None, model=model)  # fmt: skip
+    try:
+        got = [asyncio.run(predictor.predict(t)) for t in ("How are you?", "", "x " * 2000)]
+    finally:
+        served.close()
+    assert all(p.path == "roberta" and BASE_KEY in p.x for p in got)
+    if similar_prompts:
+        assert all(p.x[VECTOR_KEY].shape == (32,) for p in got)
+    else:
+        assert not any(VECTOR_KEY in p.x for p in got)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from steersman.control.backends.base import InstanceUnavailable
@@ -20,7 +21,8 @@ from steersman.control.serve.sections import ServiceSettings
 from steersman.control.serve.service import COMPLETE, NoInstance, Steersman
 from steersman.control.serve.settings import load_settings
 from steersman.control.sim.profiles import load_profile
-from steersman.learners.corrector import LengthCorrector
+from steersman.learners.batching import Estimate, MicroBatcher
+from steersman.learners.corrector import VECTOR_KEY, LengthCorrector
 from steersman.learners.latency import LatencyModel, StepCoefficients
 from tests.conftest import free_port
 
@@ -210,6 +212,40 @@ def test_cancelled_request_frees_its_slot_and_is_recorded():
     rows = {r["request_id"]: r for r in record.rows["requests"]}
     assert rows["gone"]["error"] == "client disconnected"
     assert rows["next"]["error"] is None
+
+
+def test_a_prompt_is_predicted_like_the_most_similar_earlier_prompts():
+    """The length model's vector of each prompt reaches the core, which learns what each was
+    answered with: a new prompt's prediction leans toward its nearest earlier prompts'. The
+    base and every text feature here are the same for both topics; only the vectors differ."""
+
+    def model(texts):
+        return [Estimate(50.0, np.array([1.0, 0.0] if "alpha" in t else [0.0, 1.0])) for t in texts]
+
+    async def main():
+        batcher = MicroBatcher(model, max_wait_s=0)
+        svc, record = service(
+            [sim("a")],
+            predictor=Predictor(batcher, deadline_s=60.0),
+            controller=ControllerSettings(miss_streak=10_000),
+        )
+        try:
+            for k in range(24):
+                topic, n = ("alpha", 4) if k % 2 == 0 else ("omega", 300)
+                body = {"model": "m", "prompt": f"topic {topic} {k}", "max_tokens": 500,
+                        "vllm_xargs": {"sim_output_tokens": n}}  # fmt: skip
+                async for _ in svc.run(await svc.prepare(f"{topic}{k}", "completion", body)):
+                    pass
+        finally:
+            batcher.close()
+        return svc, record
+
+    svc, record = asyncio.run(main())
+    rows = record.rows["requests"]
+    assert len(svc.scheduler.corrector.similar) == 24
+    assert all(VECTOR_KEY not in r["features"] for r in rows)  # the history keeps scalars
+    late = {r["request_id"][:5]: r["scheduled_prediction"] for r in rows[-2:]}
+    assert late["omega"] > 1.5 * late["alpha"]
 
 
 def test_fallback_switches_to_round_robin_and_resets_the_corrector():
