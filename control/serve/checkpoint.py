@@ -19,7 +19,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: the corrector holds a similar-prompt prior (a 1's has none)
 
 
 @dataclass

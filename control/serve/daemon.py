@@ -236,6 +236,12 @@ class Daemon:
         state = checkpoint.controller
         until = None if state.fallback_until is None else state.fallback_until + shift
         svc.scheduler.state = replace(state, since=state.since + shift, fallback_until=until)
+        if checkpoint.model_version != svc.predictor.model_version:
+            # Learned against another length model (one promoted or configured since): its
+            # corrections and prompt vectors do not hold for this one; the controller's mode does.
+            log.info("checkpoint of model %s, serving %s: predictions learned over",
+                     checkpoint.model_version, svc.predictor.model_version)  # fmt: skip
+            svc.scheduler.forget(validation_errors(self.model.directory))
         svc.metrics.set_mode(svc.scheduler.state.mode)
 
     def retention(self) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from steersman.control.core.controller import ControllerState
 from steersman.control.serve import checkpoint as ckpt
-from steersman.learners.corrector import LengthCorrector
+from steersman.learners.corrector import VECTOR_KEY, LengthCorrector
 
 
 def test_round_trip_keeps_learned_state(tmp_path):
@@ -30,32 +32,29 @@ def test_unusable_checkpoints_are_ignored(tmp_path):
     foreign = tmp_path / "foreign.pkl"
     foreign.write_bytes(pickle.dumps({"not": "a checkpoint"}))
     assert ckpt.load(foreign) is None
+    older = tmp_path / "older.pkl"  # an earlier format's corrector lacks what this one reads
+    older.write_bytes(pickle.dumps(ckpt.Checkpoint(1.0, LengthCorrector(), {}, None, format=1)))
+    assert ckpt.load(older) is None
 
 
-def test_a_replica_that_starts_takes_the_newest_checkpoint_of_the_shared_history(
-    tmp_path, pg_fresh_url
-):
+@pytest.mark.parametrize(("version", "kept"), [(None, True), ("v-old", False)])
+def test_what_was_learned_against_another_length_model_starts_over(tmp_path, version, kept):
     from steersman.control.serve.daemon import Daemon
     from tests.control.serve.serving import settings_for
 
-    def replica(name: str) -> Daemon:
-        settings = settings_for(
-            tmp_path / name, [{"name": "sim-0", "sim": "cpu-tiny"}],
-            storage={"url": pg_fresh_url}, replica=name,
-        )  # fmt: skip
-        return Daemon(settings)
-
-    a = replica("a")
-    for _ in range(50):
-        a.service.scheduler.corrector.learn_one({"brief": 1.0}, 20)
-    a.service.scheduler.state = ControllerState(mode="FALLBACK")
-    a.save_checkpoint()
-    a.close()
-    b = replica("b")  # its own empty data directory: only the history has a checkpoint
+    settings = settings_for(tmp_path, [{"name": "sim-0", "sim": "cpu-tiny"}])
+    corrector = LengthCorrector()
+    for k in range(50):
+        corrector.learn_one({"brief": 1.0, VECTOR_KEY: [1.0, k / 50]}, 20)
+    learned = corrector.predict_one({"brief": 1.0})
+    state = ControllerState(mode="FALLBACK")
+    path = settings.data_dir / "checkpoints" / "state.pkl"
+    ckpt.save(path, ckpt.Checkpoint(1.0, corrector, {}, state, model_version=version))
+    daemon = Daemon(settings)  # serves no length model (version None): the fast path
     try:
-        assert not (tmp_path / "b" / "data" / "checkpoints" / "state.pkl").exists()
-        learned = a.service.scheduler.corrector.predict_one({"brief": 1.0})
-        assert b.service.scheduler.corrector.predict_one({"brief": 1.0}) == learned
-        assert b.service.scheduler.state.mode == "FALLBACK"
+        restored = daemon.service.scheduler.corrector
+        assert daemon.service.scheduler.state.mode == "FALLBACK"  # the controller's, either way
+        assert len(restored.similar) == (50 if kept else 0)
+        assert (restored.predict_one({"brief": 1.0}) == learned) is kept
     finally:
-        b.close()
+        daemon.close()
