@@ -69,7 +69,7 @@ def held_out_errors(items: list[bench.Item], predictor: str, seed: int,
 def run(profile_name: str, n: int, seed: int, predictors: list[str], model: LengthModel,
         counter: TokenCounter, model_errors: list[float] | None) -> list[dict]:  # fmt: skip
     profile, rate = load_profile(profile_name), 0.8 * CAPACITY[profile_name]
-    items = bench.prompt_items(counter, model.predict_log, n, profile.max_model_len, seed)
+    items = bench.prompt_items(counter, model.predict_with_vectors, n, profile.max_model_len, seed)
     times = [u / rate for u in bench.unit_arrivals("gamma1", None, n, seed)]  # type: ignore[arg-type]
     out = []
     for predictor in predictors:

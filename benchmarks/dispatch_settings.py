@@ -13,8 +13,9 @@ Run from the repository root:
         --set admission=none --set ttft_weight=1
 Prints one JSON object per policy: P99 TTFT, mean E2E and mean normalized latency (or the
 capacity) per seed, their means, and the means' ratios to the first policy's (least-load's).
-``--similar-prompts`` runs the policies that learn from predictions once more, named
-``POLICY +similar``, with each prompt's vector for the corrector's similar-prompt prior.
+Requests carry each prompt's vector for the corrector's similar-prompt prior, as in the daemon;
+``--without-similar`` runs the policies that learn from predictions once more without them,
+named ``POLICY -similar``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from steersman.control.sim.profiles import StepModel, load_profile
 from steersman.control.training.bundled import ensure_length_model
 from steersman.control.training.tiny_model import served_model
 from steersman.data import path
+from steersman.learners.corrector import VECTOR_KEY
 from steersman.learners.hf import LengthModel
 from steersman.learners.tokens import TokenCounter
 
@@ -131,8 +133,11 @@ def main() -> None:
     )
     parser.add_argument("--set", action="append", default=[], dest="changes",
                         metavar="FIELD=VALUE[,...]")  # fmt: skip
-    parser.add_argument("--similar-prompts", action="store_true",
-                        help="also each learning policy with the similar-prompt prior")  # fmt: skip
+    parser.add_argument(
+        "--without-similar",
+        action="store_true",
+        help="also each learning policy without the similar-prompt prior",
+    )
     args = parser.parse_args()
     standard = bench.variants()
     try:
@@ -157,19 +162,19 @@ def main() -> None:
     model = LengthModel.load(directory)
     errors = validation_errors(directory)
     trace = load_trace(path("azure_conv"))
-    items = bench.prompt_items(counter, model.predict_log, args.requests, profile.max_model_len, 0)
+    items = bench.prompt_items(counter, model.predict_with_vectors, args.requests,
+                               profile.max_model_len, 0)  # fmt: skip
     capacity = args.capacity or bench.capacity(
         "least-load", standard["least-load"], items, trace, profile, 8, 1.0, bench.Steady()
     )
     seeds = range(args.seeds)
     rows = compare(policies, items, trace, profile, args.scenario, capacity, seeds,
                    band_errors=errors)  # fmt: skip
-    if args.similar_prompts:
-        learning = {f"{n} +similar": v for n, v in policies.items() if v.predictor == "learned"}
+    if args.without_similar:
+        learning = {f"{n} -similar": v for n, v in policies.items() if v.predictor == "learned"}
         yardstick = dict(list(policies.items())[:1])
-        items = bench.prompt_items(counter, model.predict_log, args.requests,
-                                   profile.max_model_len, 0,
-                                   lambda t: model.predict_with_vectors(t)[1])  # fmt: skip
+        for item in items:
+            item.features.pop(VECTOR_KEY, None)
         rows += compare({**yardstick, **learning}, items, trace, profile, args.scenario,
                         capacity, seeds, band_errors=errors)[1:]  # fmt: skip
     for row in rows:

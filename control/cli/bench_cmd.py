@@ -297,7 +297,7 @@ def _fleet_suite(console, counter, length_model, trace, options, requests) -> di
     from steersman.learners.hf import LengthModel
 
     model = LengthModel.load(length_model)
-    errors = bench.model_errors(counter, model.predict_log, 1000, options.seed + 1)
+    errors = bench.model_errors(counter, model.predict_with_vectors, 1000, options.seed + 1)
     profiles = fleet.parse_fleet(f"{options.fleet}+{options.homogeneous}")
     window = min(p.max_model_len for p in profiles)
     items = bench.trace_items(trace, errors, requests, window, options.seed)
@@ -312,7 +312,7 @@ def _qoe_suite(console, counter, length_model, trace, profiles, requests, seed) 
     from steersman.learners.hf import LengthModel
 
     model = LengthModel.load(length_model)
-    errors = bench.model_errors(counter, model.predict_log, 1000, seed + 1)
+    errors = bench.model_errors(counter, model.predict_with_vectors, 1000, seed + 1)
     options = qoe_suite.QoeOptions(seed=seed)
     if profiles:
         options = qoe_suite.QoeOptions(profiles=tuple(profiles), seed=seed)
@@ -355,7 +355,7 @@ def _sim_suite(
     errors = None
     band_errors = validation_errors(length_model)
     if lengths is Lengths.trace:
-        errors = bench.model_errors(counter, model.predict_log, 1000, seed + 1)
+        errors = bench.model_errors(counter, model.predict_with_vectors, 1000, seed + 1)
         band_errors = bench.band_seed(errors)
     options = replace(
         options,
@@ -371,7 +371,8 @@ def _sim_suite(
             window = profile.max_model_len
             items, refused[name] = bench.hashed_items(hashed, errors, n, block_tokens, window, seed)
         elif errors is None:
-            items = bench.prompt_items(counter, model.predict_log, n, profile.max_model_len, seed)
+            window = profile.max_model_len
+            items = bench.prompt_items(counter, model.predict_with_vectors, n, window, seed)
         else:
             items = bench.trace_items(trace, errors, n, profile.max_model_len, seed)
         label = Path(name).stem

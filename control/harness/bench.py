@@ -42,7 +42,8 @@ from steersman.learners.tokens import TokenCounter
 from steersman.storage.query import percentile
 from steersman.telemetry.sampler import Sampler
 
-PredictLog = Callable[[list[str]], list[float]]
+# The length model's ``predict_with_vectors``: log1p(tokens) per text, and its vector or None.
+Predict = Callable[[list[str]], tuple[list[float], list[Any]]]
 QOE_ON = QoeSettings(enabled=True)
 QOE_PAUSING = QoeSettings(enabled=True, max_pauses=1)
 QOE_LENGTHS = QoeSettings(enabled=True, predicted_lengths=True)
@@ -181,30 +182,23 @@ class Item:
 
 
 def prompt_items(
-    counter: TokenCounter,
-    predict_log: PredictLog,
-    n: int,
-    max_model_len: int,
-    seed: int,
-    vectors: Callable[[list[str]], list[Any]] | None = None,
+    counter: TokenCounter, predict: Predict, n: int, max_model_len: int, seed: int
 ) -> list[Item]:
-    """Held-out prompts with their real response lengths and the length model's predictions;
-    with ``vectors`` (``LengthModel.predict_with_vectors``' second part), each prompt's vector
-    for the corrector's similar-prompt prior."""
+    """Held-out prompts with their real response lengths, the length model's predictions and,
+    where it has them, the prompts' vectors (the corrector's similar-prompt prior reads them,
+    as in the daemon)."""
     rng = random.Random(seed)
     _, prompts = held_out(bundled_records())
     work = build_workload(prompts, [0.0] * n, counter, rng, max_model_len=max_model_len)
-    texts = [w.prompt for w in work]
-    bases = _predict(texts, predict_log)
-    items = [
-        Item(w.prompt_tokens, w.true_tokens, _features(w.prompt, w.prompt_tokens, base))
-        for w, base in zip(work, bases, strict=True)
-    ]
-    if vectors is not None:
-        found = [v for k in range(0, len(texts), 64) for v in vectors(texts[k : k + 64])]
-        for item, vector in zip(items, found, strict=True):
+    items = []
+    for start in range(0, len(work), 64):
+        batch = work[start : start + 64]
+        logs, vectors = predict([w.prompt for w in batch])
+        for w, log, vector in zip(batch, logs, vectors, strict=True):
+            x = _features(w.prompt, w.prompt_tokens, math.expm1(log))
             if vector is not None:
-                item.features[VECTOR_KEY] = vector
+                x[VECTOR_KEY] = vector
+            items.append(Item(w.prompt_tokens, w.true_tokens, x))
     return items
 
 
@@ -245,9 +239,9 @@ def hashed_items(
     return items, refused
 
 
-def model_errors(counter: TokenCounter, predict_log: PredictLog, n: int, seed: int) -> list[float]:
+def model_errors(counter: TokenCounter, predict: Predict, n: int, seed: int) -> list[float]:
     """``log(predicted / actual)`` of the length model on ``n`` held-out prompts."""
-    items = prompt_items(counter, predict_log, n, 4096, seed)
+    items = prompt_items(counter, predict, n, 4096, seed)
     return [
         math.log(max(i.features.get(BASE_KEY, 1.0), 1.0) / max(i.output_tokens, 1)) for i in items
     ]
@@ -563,13 +557,6 @@ def qoe_objective(run: dict[str, Any]) -> bool:
     """
     share = run.get("qoe_below_0_9")
     return share is not None and share <= 0.05
-
-
-def _predict(texts: list[str], predict_log: PredictLog) -> list[float]:
-    logs: list[float] = []
-    for start in range(0, len(texts), 64):
-        logs.extend(predict_log(texts[start : start + 64]))
-    return [math.expm1(v) for v in logs]
 
 
 def _features(prompt: str, prompt_tokens: int, base: float) -> dict[str, Any]:

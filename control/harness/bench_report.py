@@ -93,7 +93,8 @@ def sim_section(sim: dict[str, Any]) -> list[str]:
         "",
         f"Arrivals shaped like the `{sim['trace']}` trace; lengths: "
         + (
-            "real held-out prompts with their real response lengths, predicted by the length model."
+            "real held-out prompts with their real response lengths, predicted by the length model "
+            "(and, as in the daemon, each prompt's vector handed to the similar-prompt prior)."
             if sim["lengths"] == "prompts"
             else "the trace's own, with predictions carrying the length model's measured error."
         ),
