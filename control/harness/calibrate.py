@@ -9,15 +9,21 @@ background decodes with and without a train of one-token requests joining them; 
 join adds to the background requests, less its prefill tokens' ``b``, is ``e``; the joins' own
 time to first token gives the admission delay of a request that finds the engine busy, and the
 rest of the idle one is ``wake_s``. Prompts are token ids, so no tokenizer is involved.
+On a GPU (``--gpu``), the SM clock the GPU held while it worked is kept with the profile: the
+latency model scales step times by it over the clock it reads, and a busy GPU often runs well
+below its boost clock (bound by power), so boost would plan a healthy GPU as a slowed one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -195,6 +201,40 @@ def fit(
         wake_s=idle - admission,
         source=f"steersman calibrate ({len(samples)} measurements)",
     )
+
+
+def busy_clock_mhz(
+    rows: Iterable[Mapping[str, Any]], gpu_index: int, min_activity: float = 0.5
+) -> float | None:
+    """The mean SM clock of one GPU over the telemetry rows (the sampler's per-second
+    aggregates) in which it was busy: SM activity at least ``min_activity``. None when it never
+    was, or no such row has a clock.
+
+    >>> rows = [
+    ...     {"gpu_index": 0, "sm_activity": 0.02, "sm_clock_mhz": 1980.0},  # idle: boost
+    ...     {"gpu_index": 0, "sm_activity": 0.9, "sm_clock_mhz": 1500.0},
+    ...     {"gpu_index": 0, "sm_activity": 0.8, "sm_clock_mhz": 1460.0},
+    ...     {"gpu_index": 1, "sm_activity": 0.9, "sm_clock_mhz": 1100.0},
+    ...     {"gpu_index": 0, "sm_activity": None, "sm_clock_mhz": 1300.0},
+    ... ]
+    >>> busy_clock_mhz(rows, 0), busy_clock_mhz(rows, 2)
+    (1480.0, None)
+    """
+    clocks = [
+        float(r["sm_clock_mhz"])
+        for r in rows
+        if r.get("gpu_index") == gpu_index
+        and _number(r.get("sm_activity")) >= min_activity
+        and _number(r.get("sm_clock_mhz")) > 0
+    ]
+    return statistics.fmean(clocks) if clocks else None
+
+
+def _number(value: Any) -> float:
+    """A finite number, or -inf for anything else (a reading that failed is None)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return -math.inf
+    return float(value)
 
 
 def measure_and_fit(

@@ -13,7 +13,7 @@ from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.core.scheduler import InstanceState
 from steersman.control.core.settings import QoeSettings
 from steersman.control.serve.sections import GatewaySettings, InstanceSettings
-from steersman.control.sim.gpu import spec_for
+from steersman.control.sim.gpu import reference_clock_mhz
 from steersman.control.sim.profiles import load_profile
 from steersman.learners.latency import LatencyModel, StepCoefficients
 
@@ -112,7 +112,7 @@ def make_instance(
         backend,
         LatencyModel(
             profile.coefficients(),
-            reference_clock_mhz=spec_for(profile.name).boost_mhz if watched else None,
+            reference_clock_mhz=reference_clock_mhz(profile) if watched else None,
         ),
         cap=spec.max_in_flight,
         send_priority=spec.priority,

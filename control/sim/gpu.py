@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from steersman.control.sim.profiles import StepModel
 from steersman.telemetry.readings import GpuReading, SourceStatus
 
 
@@ -59,6 +60,21 @@ def spec_for(profile_name: str) -> GpuSpec:
     """The GPU of a step-time profile, by the profile's name ("a30-llama2-7b": the A30); a
     profile of no known GPU (a calibrated CPU one) gets the A100's figures."""
     return GPU_SPECS.get(profile_name.split("-", 1)[0], GPU_SPECS["a100"])
+
+
+def reference_clock_mhz(profile: StepModel) -> float:
+    """The SM clock at which a real GPU runs the profile's step times: a real GPU's latency model
+    scales them by this over the clock it reads. A calibrated profile's measured clock (a busy
+    GPU often holds well below boost, bound by power), else its GPU's boost clock. (The
+    simulator's GPUs hold boost while healthy, so its latency models scale from boost.)
+
+    >>> from steersman.control.sim.profiles import PROFILES
+    >>> from dataclasses import replace
+    >>> a100 = PROFILES["a100-llama2-7b"]
+    >>> reference_clock_mhz(a100), reference_clock_mhz(replace(a100, clock_mhz=1275.0))
+    (1410, 1275.0)
+    """
+    return profile.clock_mhz or spec_for(profile.name).boost_mhz
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ class StepModel:
     admission_s: float = 0.0  # API server work before a request reaches the engine's queue
     wake_s: float = 0.0  # more of it when the engine is idle (it sleeps on its input queue)
     e: float = 0.0  # per request whose prefill begins in the step (engine-side setup)
+    # The SM clock the step times hold at (``steersman calibrate --gpu``: read while the GPU
+    # worked); 0: the boost clock of the profile's GPU, which the derived profiles assume.
+    clock_mhz: float = 0.0
     source: str = ""
 
     def admission(self, engine_busy: bool) -> float:

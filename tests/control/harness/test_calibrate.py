@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 
+import pynvml
 import pytest
 from typer.testing import CliRunner
 
@@ -13,6 +15,7 @@ from steersman.control.backends.vllm_server import free_port
 from steersman.control.cli.main import app
 from steersman.control.harness.calibrate import Sample, fit
 from steersman.control.sim.profiles import StepModel, load_profile
+from tests.telemetry.fake_nvml import FakeGpu, FakeNvml
 
 runner = CliRunner()
 
@@ -84,13 +87,37 @@ def test_an_unreachable_server_is_a_clear_failure_that_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("gpus", "init_error", "why"),
+    [([], pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "NVML unavailable"), ([FakeGpu(0)], None, "1 GPU")],
+)
+def test_a_gpu_that_cannot_be_read_fails_before_measuring(
+    monkeypatch, tmp_path, gpus, init_error, why
+):
+    FakeNvml(gpus, time.monotonic, init_error=init_error).install(monkeypatch)
+    out = tmp_path / "gpu.json"
+    url = f"http://127.0.0.1:{free_port()}"  # never asked: the GPU is checked first
+    result = runner.invoke(app, ["calibrate", "--base-url", url, "--out", str(out), "--gpu", "3"])
+    assert result.exit_code == 1
+    assert "--gpu 3" in result.output and why in result.output
+    assert url not in result.output and not out.exists()
+
+
 @pytest.mark.vllm
-def test_calibrate_a_live_vllm_server_writes_a_loadable_profile(vllm_servers, tmp_path):
+def test_calibrate_a_live_vllm_server_writes_a_loadable_profile(
+    vllm_servers, tmp_path, monkeypatch
+):
+    # The server runs on the CPU; the GPU it names is simulated at pynvml's function boundary,
+    # busy half the time (a slow wave of SM activity) at a clock below the A100's boost.
+    FakeNvml([FakeGpu(0, sm_clock=1275)], time.monotonic).install(monkeypatch)
     out = tmp_path / "cpu.json"
     result = runner.invoke(
         app,
-        ["calibrate", "--base-url", vllm_servers[0].url, "--out", str(out), "--repeats", "1"],
-    )
+        [
+            "calibrate", "--base-url", vllm_servers[0].url, "--out", str(out), "--repeats", "1",
+            "--gpu", "0",
+        ],
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     kinds = [s["kind"] for s in report["samples"]]
@@ -98,6 +125,7 @@ def test_calibrate_a_live_vllm_server_writes_a_loadable_profile(vllm_servers, tm
     assert kinds.count("join") == 2 and kinds.count("busy-prefill") == 2
     profile = load_profile(str(out))
     assert profile.name == "calibrated" and profile.max_model_len == 1024
+    assert profile.clock_mhz == 1275.0  # the clock the GPU held while busy
     # The server's KV capacity, read from its metrics, in 16-token blocks.
     assert profile.num_blocks > 1000
     # One live measurement is noisy on a shared machine: the fit itself is checked exactly on

@@ -1,6 +1,7 @@
 """Instances built from settings: the latency model follows the GPU an instance names."""
 
 import math
+from dataclasses import replace
 
 import pytest
 from pydantic import ValidationError
@@ -37,6 +38,24 @@ def test_an_instance_on_a_named_gpu_plans_with_its_clock():
     steps = half.step_times()
     assert steps["step_s"] == pytest.approx(2 * steps["profiled_step_s"])
     assert half.latency.state()["status"] == "telemetry"
+
+
+def test_a_profile_calibrated_at_a_busy_clock_plans_that_clock_as_healthy(tmp_path):
+    """A busy GPU holds below boost: read at the clock its profile was measured at, the
+    instance plans the profile's step times; the same reading against a profile that knows no
+    clock (the boost clock) plans a slowed GPU."""
+    busy = 0.8 * 1410
+    path = tmp_path / "a100-busy.json"
+    replace(A100, clock_mhz=busy).save(path)
+
+    def features(index, since):
+        return {"sm_clock_mhz_mean": busy, "samples": 20}
+
+    calibrated, derived = build(features, gpu=0, profile=str(path)), build(features, gpu=0)
+    calibrated.refresh()
+    derived.refresh()
+    assert calibrated.coefficients.base_s == pytest.approx(A100.coefficients().base_s)
+    assert derived.coefficients.base_s == pytest.approx(1.25 * A100.coefficients().base_s)
 
 
 def test_without_a_gpu_the_instance_learns_from_outcomes_alone():
