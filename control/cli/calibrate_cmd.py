@@ -44,7 +44,9 @@ def calibrate_command(
         if not status.available or gpu >= status.gpus:
             sampler.stop()
             reason = status.reason if not status.available else f"{status.gpus} GPU(s) found"
-            typer.echo(f"calibration failed: --gpu {gpu}: no such GPU to read ({reason})", err=True)
+            typer.echo(
+                f"calibration failed: --gpu {gpu}: cannot read that GPU ({reason})", err=True
+            )
             raise typer.Exit(1)
 
     async def capacity() -> int:
