@@ -17,7 +17,6 @@ below its boost clock (bound by power), so boost would plan a healthy GPU as a s
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import statistics
 import time
@@ -221,20 +220,13 @@ def busy_clock_mhz(
     (1480.0, None)
     """
     clocks = [
-        float(r["sm_clock_mhz"])
+        r["sm_clock_mhz"]
         for r in rows
         if r.get("gpu_index") == gpu_index
-        and _number(r.get("sm_activity")) >= min_activity
-        and _number(r.get("sm_clock_mhz")) > 0
+        and (r.get("sm_activity") or 0.0) >= min_activity  # a failed reading is None
+        and (r.get("sm_clock_mhz") or 0.0) > 0
     ]
     return statistics.fmean(clocks) if clocks else None
-
-
-def _number(value: Any) -> float:
-    """A finite number, or -inf for anything else (a reading that failed is None)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return -math.inf
-    return float(value)
 
 
 def measure_and_fit(
