@@ -10,7 +10,8 @@ With ``--load-seconds``, GPU 0 then runs back-to-back matrix products for that l
 half as long, and the summary's ``thermal`` holds the series of readings (every 0.5 s: clock,
 temperature, SM activity, power), the same busy pattern through the simulated GPU of the same
 kind (``control/sim/gpu.py``), and for both the temperature rise and the time to 63% of it (the
-first-order model's time constant), to check the simulated thermal model's shape.
+first-order model's time constant), to check the simulated thermal model's shape, and the
+mean clock while it was busy (``busy_clock_mhz``: a calibrated profile's ``clock_mhz``).
 Exit code 0 when every GPU produced readings with SM activity, 1 otherwise.
 """
 
@@ -23,6 +24,7 @@ import threading
 import time
 from collections import Counter
 
+from steersman.control.harness.calibrate import busy_clock_mhz
 from steersman.control.sim.gpu import GPU_SPECS, SimGpu
 from steersman.storage.query import percentile
 from steersman.telemetry.fragmentation import allocator_fragmentation
@@ -100,8 +102,11 @@ def thermal_series(sampler: Sampler, seconds: float, gpu_name: str) -> dict[str,
         sim.advance(p["t"] + 1e-9, busy)
         simulated.append({"t": p["t"], "busy": p["busy"], "sm_clock_mhz": round(sim.clock_mhz),
                           "temperature_c": round(sim.temperature_c, 2)})  # fmt: skip
+    # What a profile measured on this GPU under load should carry as its clock_mhz.
+    busy = busy_clock_mhz(({**p, "gpu_index": 0} for p in real), 0)
     return {"gpu": gpu_name, "simulated_as": kind, "real": real, "simulated": simulated,
-            "real_rise": _rise(real), "simulated_rise": _rise(simulated)}  # fmt: skip
+            "real_rise": _rise(real), "simulated_rise": _rise(simulated),
+            "busy_clock_mhz": busy}  # fmt: skip
 
 
 def main() -> int:
