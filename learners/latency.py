@@ -2,11 +2,21 @@
 
 A step takes the instance's profiled time (``prior``, at the profile's clock), times what the
 GPU's telemetry says of its speed now (``reference / sm_clock``: a throttled GPU decodes slower,
-seen at the next reading, before any request finishes), times a learned residual: an
-exponentially weighted mean (River's ``EWMean``) of ``log(observed TPOT / expected TPOT)`` over
-finished requests, which carries what the profile and the clock do not (another GPU than
-profiled, a noisy neighbour, prefill interference, the serving stack). One factor scales the
-decode base, the per-sequence cost and the prefill cost alike: what slows one slows the others.
+seen at the next reading, before any request finishes), times two learned residuals, each an
+exponentially weighted mean (River's ``EWMean``) over finished requests:
+
+- the speed: ``log(observed TPOT / expected TPOT)``, what the profile and the clock do not carry
+  (another GPU than profiled, a noisy neighbour, the serving stack);
+- the prefill interference: ``log(expected TPOT / decode step)``, the share of each step that
+  went to other requests' prefills while this one decoded.
+
+Given the prefill tokens the instance computed while a request decoded (``prefill_tokens`` over
+``decode_steps``), its expected TPOT is a decode step plus that prefill's cost per step. Without
+them the speed carries the interference too, as one noisy mean. With them the speed is nearly
+free of noise (how much prefill lands beside a request is what makes TPOTs differ most), so it
+follows a slower GPU within a few dozen outcomes, while the interference, a matter of load,
+is averaged slowly (``interference_alpha``). One factor scales the decode base, the per-sequence
+cost and the prefill cost alike: what slows one slows the others.
 
 What was learned goes stale when an instance stops finishing requests: judged slow, it gets
 none at light load, so no outcome could show that it has recovered (a neighbour gone, a fan
@@ -55,8 +65,8 @@ class StepCoefficients:
 
 class LatencyModel:
     """``learn_one(x, tpot_s)`` after each finished request (``x``: ``running``, the batch it
-    decoded in, and telemetry: ``sm_clock_mhz``); ``coefficients(x)`` and ``predict_one(x)`` for
-    dispatch.
+    decoded in, ``prefill_tokens`` and ``decode_steps`` when known, and telemetry:
+    ``sm_clock_mhz``); ``coefficients(x)`` and ``predict_one(x)`` for dispatch.
 
     >>> m = LatencyModel(StepCoefficients(0.01, 0.001, 0.0001), reference_clock_mhz=1400)
     >>> round(m.predict_one({"running": 4}), 4)  # the prior
@@ -67,6 +77,16 @@ class LatencyModel:
     ...     m.learn_one({"running": 4, "sm_clock_mhz": 1400}, 0.021)
     >>> round(m.predict_one({"running": 4, "sm_clock_mhz": 1400}), 4)
     0.021
+
+    Prefill beside a request is told apart from a slower GPU: the steps it decoded in took
+    0.014 s plus 70 prefill tokens at 0.1 ms over 10 steps, 0.0147 s, and the GPU is as fast
+    as profiled:
+
+    >>> p = LatencyModel(StepCoefficients(0.01, 0.001, 0.0001))
+    >>> for _ in range(300):
+    ...     p.learn_one({"running": 4, "prefill_tokens": 70, "decode_steps": 10}, 0.0147)
+    >>> round(p.speed({}), 3), round(p.predict_one({"running": 4}), 4)
+    (1.0, 0.0147)
 
     With ``now``, what was learned fades once the instance stops finishing requests:
 
@@ -81,6 +101,7 @@ class LatencyModel:
         *,
         reference_clock_mhz: float | None = None,
         alpha: float = 0.05,
+        interference_alpha: float = 0.01,
         warmup: int = 5,
         clock_range: tuple[float, float] = (0.2, 1.5),
         max_step_s: float = 10.0,
@@ -95,7 +116,9 @@ class LatencyModel:
         self.alpha = alpha
         self.forget_after_s = forget_after_s
         self.half_life_s = half_life_s
-        self.residual = stats.EWMean(alpha)
+        self.interference_alpha = interference_alpha
+        self.residual = stats.EWMean(alpha)  # the speed
+        self.interference = stats.EWMean(interference_alpha)
         self.learned = 0
         self.learned_at: float | None = None  # the caller's time of the last outcome
         self.telemetry_ignored = 0  # readings refused: missing, NaN, out of range
@@ -147,23 +170,34 @@ class LatencyModel:
             return
         running = x.get("running", 1)
         n = float(running) if _usable(running, math.inf) else 1.0
-        expected = self.prior.step(n) * self.clock_factor(x)
-        if expected <= 0:
+        clock = self.clock_factor(x)
+        step = self.prior.step(n) * clock
+        if step <= 0:
             return
-        seen = math.log(float(tpot_s) / expected)  # type: ignore[arg-type]
-        if (trust := self.trust(now)) < 1.0:
-            # What is still believed (the faded residual planned with) weighs as ``trust``
-            # times the mean's memory (1 / alpha outcomes): after a long silence one outcome
-            # says most of what is known.
-            memory = trust / self.alpha
-            faded = stats.EWMean(self.alpha)
-            faded.update((memory * trust * self.residual.get() + seen) / (memory + 1))
-            self.residual = faded
-        else:
-            self.residual.update(seen)
+        prefill, steps = x.get("prefill_tokens"), x.get("decode_steps")
+        told = _usable(prefill, math.inf) and _usable(steps, math.inf) and steps >= 1
+        # told: the prefill this request decoded beside, at the prior's cost and today's clock
+        expected = step + prefill * self.prior.prefill_s_per_token * clock / steps if told else step
+        trust = self.trust(now)
+        self.residual = self._fold(self.residual, math.log(tpot_s / expected), trust)
+        if told:
+            self.interference = self._fold(self.interference, math.log(expected / step), trust)
         self.learned += 1
         if now is not None:
             self.learned_at = now
+
+    @staticmethod
+    def _fold(mean: stats.EWMean, seen: float, trust: float) -> stats.EWMean:
+        """``mean`` updated with ``seen``, after what it holds has faded to ``trust``: what is
+        still believed weighs as ``trust`` times the mean's memory (1 / alpha outcomes), so
+        after a long silence one outcome says most of what is known."""
+        if trust >= 1.0:
+            mean.update(seen)
+            return mean
+        memory = trust / mean.fading_factor
+        faded = stats.EWMean(mean.fading_factor)
+        faded.update((memory * trust * mean.get() + seen) / (memory + 1))
+        return faded
 
     def trust(self, now: float | None) -> float:
         """The weight of what was learned at ``now``: 1 up to ``forget_after_s`` after the last
@@ -173,9 +207,18 @@ class LatencyModel:
         idle = now - self.learned_at - self.forget_after_s
         return 1.0 if idle <= 0 else 0.5 ** (idle / self.half_life_s)
 
+    def _learned(self, mean: stats.EWMean, now: float | None) -> float:
+        return mean.get() * self.trust(now) if self.learned >= self.warmup else 0.0
+
+    def speed(self, x: Mapping[str, Any], now: float | None = None) -> float:
+        """How many times the prior's step time the GPU takes now, prefill interference aside:
+        the clock and the speed residual."""
+        return self.clock_factor(x) * math.exp(min(max(self._learned(self.residual, now), -5), 5))
+
     def factor(self, x: Mapping[str, Any], now: float | None = None) -> float:
-        """How many times the prior's step time a step takes now."""
-        learned = self.residual.get() * self.trust(now) if self.learned >= self.warmup else 0.0
+        """How many times the prior's step time a step takes now, prefill interference
+        included."""
+        learned = self._learned(self.residual, now) + self._learned(self.interference, now)
         return self.clock_factor(x) * math.exp(min(max(learned, -5.0), 5.0))
 
     def coefficients(self, x: Mapping[str, Any], now: float | None = None) -> StepCoefficients:
@@ -198,17 +241,23 @@ class LatencyModel:
         if not isinstance(residual, stats.EWMean) or not isinstance(learned, int):
             return False
         self.residual, self.learned, self.learned_at = residual, learned, now
+        interference = getattr(saved, "interference", None)  # absent in older checkpoints
+        if isinstance(interference, stats.EWMean):
+            self.interference = interference
         return True
 
     def state(self, now: float | None = None) -> dict[str, Any]:
         """For ``/admin/state``: where its numbers come from, learned against profiled."""
-        learned = self.residual.get() * self.trust(now) if self.learned else 0.0
+        trust = self.trust(now) if self.learned else 0.0
+        speed, interference = self.residual.get() * trust, self.interference.get() * trust
         return {
             "status": self.status,
             "learned": self.learned,
             "telemetry_ignored": self.telemetry_ignored,
             "profiled_step_s": self.prior.step(1),
-            "learned_factor": round(math.exp(learned), 4),
+            "learned_factor": round(math.exp(speed + interference), 4),
+            "speed_factor": round(math.exp(speed), 4),
+            "interference_factor": round(math.exp(interference), 4),
             "trust": round(self.trust(now), 4),
         }
 

@@ -226,10 +226,10 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
         "models that learn from outcomes and the GPUs' clocks, `steersman-frozen` with the same "
         f"priors, frozen. Each run: {s['duration_s']:g} s of arrivals, the first "
         f"{s['warmup_s']:g} s left out; capacity at P99 TTFT <= {o['slo_ttft_p99_s']} s. "
-        "Ratios are to least-load's. Instance 0's step-time factor is what its latency model "
-        "plans with over its profile at its last outcome, against its GPU's true slowdown then; "
-        "the factor also carries what all instances share at that load (prefill interference "
-        "in the observed TPOT), so compare it with the other instances', not with 1.",
+        "Ratios are to least-load's. Instance 0's speed is what its latency model learned of "
+        "its GPU at its last outcome (the clock and the speed residual over its profile; the "
+        "prefill interference it plans with besides is left out), against its GPU's true "
+        "slowdown then.",
     ]
     mixed = fleet["scenarios"].get("mixed")
     if mixed:
@@ -295,15 +295,14 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
             "capacity on it); to instance 0: requests in the window (after the change)."
             + (
                 " Tracked: requests on instance 0 (and seconds) after the change until its "
-                "step-time factor, relative to the others', stays within 10% of its true "
-                "slowdown's."
+                "speed, relative to the others', stays within 10% of its true slowdown's."
                 if tracked
                 else ""
             ),
             "",
             "| policy | "
             + " | ".join(label for label, _ in FLEET)
-            + " | to instance 0 | its factor at the end (true slowdown) |"
+            + " | to instance 0 | its speed at the end (true slowdown) |"
             + (" tracked after |" if tracked else ""),
             "|---" * (len(FLEET) + 3 + tracked) + "|",
         ]
@@ -323,7 +322,7 @@ def fleet_section(fleet: dict[str, Any]) -> list[str]:
                 + " | ".join(cells)
                 + f" | {r['served_by'][0]}"
                 + (f" ({r['instance0_after_change']})" if "instance0_after_change" in r else "")
-                + f" | {_factor(r)} |"
+                + f" | {_speed(r)} |"
                 + (f" {after} |" if tracked else "")
             )
         if seeds := runs.get("seeds"):
@@ -391,11 +390,11 @@ def real_section(real: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _factor(run: dict[str, Any]) -> str:
-    """Instance 0's learned step-time factor at its last outcome, and the true one then."""
-    if "instance0_factor_end" not in run:
+def _speed(run: dict[str, Any]) -> str:
+    """Instance 0's learned speed at its last outcome, and the true slowdown then."""
+    if "instance0_speed_end" not in run:
         return "-"
-    return f"{_fmt(run['instance0_factor_end'])} ({_fmt(run['instance0_slowdown_end'])})"
+    return f"{_fmt(run['instance0_speed_end'])} ({_fmt(run['instance0_slowdown_end'])})"
 
 
 def _ratio(a: Any, b: Any) -> str:

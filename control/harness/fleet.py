@@ -92,11 +92,11 @@ def variant_fleets(
 
 
 def tracking(learned: Sequence[tuple[float, int, float, float]], at: float) -> dict[str, Any]:
-    """How long instance 0's latency model took to follow a change at ``at``. Its step-time
-    factor is taken relative to the other instances' (the median of their latest factors: the
-    load they share moves them all), against the same ratio of the GPUs' true slowdowns; the
-    error is that over its median in the 30 s before the change, minus one. Tracked at the
-    first outcome after which 20 in a row are within ``TRACKED``.
+    """How long instance 0's latency model took to follow a change at ``at``. Its learned speed
+    (``LatencyModel.speed``) is taken relative to the other instances' (the median of their
+    latest: the serving stack they share moves them all), against the same ratio of the GPUs'
+    true slowdowns; the error is that over its median in the 30 s before the change, minus one.
+    Tracked at the first outcome after which 20 in a row are within ``TRACKED``.
 
     >>> before = [(t + d, k, 1.2, 1.0) for t in range(70, 100) for k, d in ((1, 0), (0, .5))]
     >>> after = [(100 + t + d, k, 1.2 * (min(1 + t / 10, 1.6) if k == 0 else 1), 1.6 if k == 0
@@ -105,12 +105,12 @@ def tracking(learned: Sequence[tuple[float, int, float, float]], at: float) -> d
     {'requests': 5, 'seconds': 5.5, 'error_before': 0.0, 'error_after_200': None}
     """
     latest: dict[int, tuple[float, float]] = {}
-    mine = []  # (time, relative factor over relative truth) at instance 0's outcomes
-    for t, k, factor, truth in sorted(learned):
-        latest[k] = (factor, truth)
+    mine = []  # (time, relative speed over relative truth) at instance 0's outcomes
+    for t, k, speed, truth in sorted(learned):
+        latest[k] = (speed, truth)
         others = [v for j, v in latest.items() if j != 0]
         if k == 0 and others:
-            f = factor / statistics.median(v[0] for v in others)
+            f = speed / statistics.median(v[0] for v in others)
             truth_ratio = truth / statistics.median(v[1] for v in others)
             mine.append((t, f / truth_ratio))
     base = [r for t, r in mine if at - 30 <= t < at]
@@ -281,7 +281,7 @@ def _summary(run: dict[str, Any], at: float | None) -> dict[str, Any]:
         out["instance0_after_change"] = after.count(0)
     mine = [(f, truth) for _, k, f, truth in run["learned"] if k == 0]
     if mine:
-        out["instance0_factor_end"] = round(mine[-1][0], 4)
+        out["instance0_speed_end"] = round(mine[-1][0], 4)
         out["instance0_slowdown_end"] = round(mine[-1][1], 4)
     return out
 

@@ -136,6 +136,9 @@ class Accounts:
         if instance is not None and job.assignment is not None:
             # The clock it decoded at: its GPU's readings since its first token.
             x = {"running": job.assignment.running + 1, **instance.gpu(result.first_token_at)}
+            if job.prefill_mark is not None:  # the prefill it decoded beside
+                x["prefill_tokens"] = instance.prefilled - job.prefill_mark
+                x["decode_steps"] = actual - 1
             now = self.clock()
             instance.latency.learn_one(x, result.tpot, now=now)
             instance.refresh(now)

@@ -7,11 +7,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from steersman.control.backends.base import Backend
+from steersman.control.backends.base import Backend, GenerationResult
 from steersman.control.backends.sim import SimBackend
 from steersman.control.backends.vllm_http import VllmHttpBackend
 from steersman.control.core.scheduler import InstanceState
 from steersman.control.core.settings import QoeSettings
+from steersman.control.serve.intake import Job
 from steersman.control.serve.sections import GatewaySettings, InstanceSettings
 from steersman.control.sim.gpu import reference_clock_mhz
 from steersman.control.sim.profiles import load_profile
@@ -42,6 +43,9 @@ class Instance:
     kv_capacity: int | None = None  # KV cache tokens, from the profile or vLLM's /metrics
     block: int = 16
     coefficients: StepCoefficients | None = None
+    # Uncached prompt tokens of the requests whose first token came from it so far: the prefill
+    # those decoding meanwhile waited behind (requests another replica sent are not seen).
+    prefilled: int = 0
     telemetry: Callable[[float | None], Mapping[str, Any]] = field(default=lambda _: {})
 
     def gpu(self, since: float | None = None) -> Mapping[str, Any]:
@@ -55,6 +59,17 @@ class Instance:
         """Read the latency model again; ``now`` (the service's clock) lets what it learned
         fade while the instance finishes nothing."""
         self.coefficients = self.latency.coefficients(self.gpu(), now)
+
+    def prefill_done(self, job: Job, result: GenerationResult) -> int:
+        """Count the prefill of ``job``, whose first token just came, as done here (its prompt
+        less what was cached, as vLLM reported them, else as steersman expected); returns the
+        count, from which ``job`` measures the prefill it decodes beside."""
+        prompt = result.prompt_tokens or job.arrival.prompt_tokens
+        cached = result.cached_tokens
+        if cached is None:
+            cached = job.assignment.cached_tokens if job.assignment is not None else 0
+        self.prefilled += max(prompt - cached, 0)
+        return self.prefilled
 
     def step_times(self) -> dict[str, float | None]:
         """One decode step with one sequence, learned and profiled (for the history)."""

@@ -32,6 +32,7 @@ class Job:
     record: RequestRecord
     assignment: Assignment | None = None
     retries: int = 0
+    prefill_mark: int | None = None  # its instance's ``prefilled`` when its first token came
 
 
 def text_of(kind: str, body: dict[str, Any]) -> tuple[str, int]:

@@ -233,6 +233,8 @@ class Steersman:
                 async with contextlib.aclosing(upstream) as events:
                     async for event in events:
                         streamed = instance.streaming = True
+                        if job.prefill_mark is None and result.first_token_at is not None:
+                            job.prefill_mark = instance.prefill_done(job, result)
                         if result.completion_tokens is not None:
                             self.scheduler.progress(job.request_id, result.completion_tokens)
                         yield event.data

@@ -42,8 +42,8 @@ class CoreDriver:
         self.served: dict[str, int] = {}  # request id -> the engine it was sent to
         self._prefilling: set[str] = set()  # sent, no first token told to the core yet
         self._tick_at = 0.0
-        # (time, engine, the model's step-time factor, the engine's true slowdown) at each
-        # learned outcome: how fast the model tracks a change.
+        # (time, engine, the model's speed, the engine's true slowdown) at each learned
+        # outcome: how fast the model tracks a change.
         self.learned: list[tuple[float, int, float, float]] = []
         self.features = features or {}
         self.cap = cap
@@ -98,11 +98,16 @@ class CoreDriver:
     def _learn(self, k: int, req: SimRequest, engine: SimEngine, now: float) -> None:
         assert self.latency is not None and req.first_token_at is not None
         tpot = (now - req.first_token_at) / (req.generated - 1)
-        x = {"running": len(engine.running) + 1, **self._gpu(k, now, req.first_token_at)}
+        x = {
+            "running": len(engine.running) + 1,
+            "prefill_tokens": engine.stats.prefill_tokens - req.prefill_mark,
+            "decode_steps": req.generated - 1,
+            **self._gpu(k, now, req.first_token_at),
+        }
         model = self.latency[k]
         model.learn_one(x, tpot, now=now)
         truth = engine.gpu.slowdown if engine.gpu is not None else 1.0
-        self.learned.append((now, k, model.factor(x, now), truth))
+        self.learned.append((now, k, model.speed(x, now), truth))
         if self._steps is not None:
             self._steps[k] = model.coefficients(x, now)
 

@@ -35,6 +35,7 @@ class SimRequest:
     blocks: int = 0
     order: int = 0  # admission order, the tie-break of priority and the FCFS key
     first_token_at: float | None = None
+    prefill_mark: int = 0  # the engine's prefill tokens computed when its first token came
     finished_at: float | None = None
     preemptions: int = 0
     predicted: float | None = None  # steersman's predicted length (the "steersman" policy)
@@ -97,6 +98,7 @@ class Plan:
 @dataclass
 class EngineStats:
     steps: int = 0
+    prefill_tokens: int = 0  # computed so far: what slowed the steps of those decoding beside
     preemptions: int = 0
     finished: int = 0
     busy_s: float = 0.0
@@ -297,6 +299,7 @@ class SimEngine:
         """Apply a step ending at ``end``; returns the requests that finished."""
         self.stats.steps += plan.steps
         self.stats.busy_s += plan.duration
+        self.stats.prefill_tokens += plan.prefill_tokens
         done: list[SimRequest] = []
         for req, n in plan.work:
             req.computed += n
@@ -305,6 +308,7 @@ class SimEngine:
             req.generated += 1
             if req.first_token_at is None:
                 req.first_token_at = end
+                req.prefill_mark = self.stats.prefill_tokens
             if req.paused_at is not None:
                 req.stalls.append((req.paused_at, end, req.generated - 1))
                 req.paused_at = None

@@ -80,6 +80,22 @@ def test_a_checkpointed_model_hands_over_what_it_learned_not_its_settings():
     assert fresh.factor({"sm_clock_mhz": 1500.0}) == pytest.approx(2.0, rel=0.01)
 
 
+def test_a_checkpoint_hands_over_the_interference_and_an_older_one_starts_it_fresh():
+    saved = model()
+    for _ in range(50):
+        # 110 prefill tokens a step at 0.1 ms: as long as the step itself
+        x = {"running": 1, "sm_clock_mhz": 1000.0, "prefill_tokens": 1100, "decode_steps": 10}
+        saved.learn_one(x, 2 * PRIOR.step(1))
+    fresh = model()
+    assert fresh.adopt(saved)
+    assert fresh.factor({"sm_clock_mhz": 1000.0}) == pytest.approx(2.0, rel=0.01)
+    assert fresh.speed({"sm_clock_mhz": 1000.0}) == pytest.approx(1.0)
+    del saved.interference  # a checkpoint written before the interference was learned
+    older = model()
+    assert older.adopt(saved)
+    assert older.interference.get() == 0.0 and older.learned == 50
+
+
 class _OlderModel:  # what an earlier release pickled: other attributes
     decode_learned = 40
 
@@ -143,3 +159,49 @@ def test_an_adopted_model_counts_its_idle_time_from_the_adoption():
     fresh = model()
     assert fresh.adopt(slowed(now=5.0), now=1000.0)  # the old process's clock means nothing here
     assert fresh.trust(1020.0) == 1.0 and fresh.trust(1045.0) == pytest.approx(0.5)
+
+
+def _interfered(rng, speed: float, n: int = 4) -> tuple[dict, float]:
+    """An outcome whose decode shared its steps with a random amount of prefill."""
+    steps = int(rng.integers(10, 200))
+    prefill = int(rng.integers(0, 150 * steps))
+    tpot = speed * (PRIOR.step(n) + prefill * PRIOR.prefill_s_per_token / steps)
+    return {"running": n, "prefill_tokens": prefill, "decode_steps": steps}, tpot
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.5, 0.8])
+def test_prefill_beside_a_request_is_not_taken_for_a_slower_gpu(speed):
+    import numpy as np
+
+    told, untold = LatencyModel(PRIOR), LatencyModel(PRIOR)
+    rng = np.random.default_rng(0)
+    seen_told, seen_untold = [], []
+    for _ in range(300):
+        x, tpot = _interfered(rng, speed)
+        told.learn_one(x, tpot)
+        untold.learn_one({"running": x["running"]}, tpot)
+        seen_told.append(told.speed({}))
+        seen_untold.append(untold.speed({}))
+    last = seen_told[-100:]
+    assert max(last) == pytest.approx(speed, rel=1e-9) and min(last) == pytest.approx(speed)
+    assert max(seen_untold[-100:]) / min(seen_untold[-100:]) > 1.05  # one noisy mean
+    # What it plans with still carries the interference, averaged slowly.
+    assert told.factor({}) / told.speed({}) == pytest.approx(untold.speed({}) / speed, rel=0.1)
+    assert told.state()["interference_factor"] > 1.0
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"prefill_tokens": math.nan, "decode_steps": 10},
+        {"prefill_tokens": -5, "decode_steps": 10},
+        {"prefill_tokens": 100, "decode_steps": 0},
+        {"prefill_tokens": True, "decode_steps": 10},
+        {"prefill_tokens": "many", "decode_steps": None},
+    ],
+)
+def test_odd_prefill_counts_are_ignored_and_the_outcome_still_teaches(odd):
+    m = LatencyModel(PRIOR, warmup=0)
+    m.learn_one({"running": 2, **odd}, 2 * PRIOR.step(2))
+    assert m.learned == 1
+    assert m.speed({}) == pytest.approx(2.0) and m.factor({}) == pytest.approx(2.0)

@@ -447,3 +447,38 @@ def test_an_instance_that_streams_stays_up_while_its_probes_time_out():
         return seen
 
     assert asyncio.run(main()) == [True, True, True, True, False]
+
+
+class Recording(LatencyModel):
+    """A latency model that keeps what each outcome taught it."""
+
+    def __init__(self, prior):
+        super().__init__(prior)
+        self.seen: list[dict] = []
+
+    def learn_one(self, x, tpot_s, *, now=None):
+        self.seen.append(dict(x))
+        super().learn_one(x, tpot_s, now=now)
+
+
+def test_a_request_learns_the_prefill_of_those_whose_first_token_came_while_it_decoded():
+    async def main():
+        inst = Instance("a", SimBackend("a", load_profile("cpu-tiny")), Recording(PRIOR))
+        svc, record = service([inst])
+        body = {"model": "m", "prompt": "a long answer please", "max_tokens": 40}
+        decoding = await svc.prepare("decoding", "completion", body)
+        first = svc.run(decoding)
+        await anext(first)  # its first token: it decodes from here on
+        joins = await svc.prepare("joins", "completion", {**body, "prompt": "one two three"})
+        joins.body["max_tokens"] = 2
+        assert [c async for c in svc.run(joins)]
+        assert [c async for c in first]  # it streamed on to its end
+        return inst, {r["request_id"]: r["prompt_tokens"] for r in record.rows["requests"]}
+
+    inst, prompts = asyncio.run(main())
+    own_prompt, joined_prompt = prompts["decoding"], prompts["joins"]  # as the engine counted
+    joined, decoding = inst.latency.seen
+    assert joined["prefill_tokens"] == 0  # nothing began after it
+    assert decoding["prefill_tokens"] == joined_prompt > 0
+    assert decoding["decode_steps"] == 39
+    assert inst.prefilled == own_prompt + joined_prompt

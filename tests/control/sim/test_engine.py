@@ -284,3 +284,20 @@ def test_without_the_qoe_rule_the_engine_order_stands(qoe):
     plan = engine.plan(now)
     assert [r.id for r, _ in plan.work] == ["ahead"]
     assert ahead.preemptions == 0 and not ahead.stalls
+
+
+def test_the_engine_counts_the_prefill_a_request_decodes_beside():
+    engine = SimEngine(UNIT)
+    a = SimRequest("a", 0.0, prompt_tokens=100, output_tokens=6)
+    engine.add(a)
+    now = 0.0
+    for _ in range(2):  # a's prefill, then a decode step
+        plan = engine.plan()
+        now += plan.duration
+        engine.finish(plan, now)
+    b = SimRequest("b", now, prompt_tokens=300, output_tokens=2)
+    engine.add(b)
+    _drain(engine, now)
+    assert engine.stats.prefill_tokens == 400
+    assert engine.stats.prefill_tokens - a.prefill_mark == 300  # b's prompt, not its own
+    assert engine.stats.prefill_tokens - b.prefill_mark == 0
