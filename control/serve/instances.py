@@ -64,9 +64,10 @@ class Instance:
         """Count the prefill of ``job``, whose first token just came, as done here (its prompt
         less what was cached, as vLLM reported them, else as steersman expected); returns the
         count, from which ``job`` measures the prefill it decodes beside."""
-        prompt = result.prompt_tokens or job.arrival.prompt_tokens
+        reported = result.prompt_tokens  # the upstream's JSON: trusted only as a count
+        prompt = reported if _count(reported) else job.arrival.prompt_tokens
         cached = result.cached_tokens
-        if cached is None:
+        if not _count(cached):
             cached = job.assignment.cached_tokens if job.assignment is not None else 0
         self.prefilled += max(prompt - cached, 0)
         return self.prefilled
@@ -138,3 +139,7 @@ def make_instance(
     if watched:
         instance.telemetry = functools.partial(gpu_features, index)  # type: ignore[arg-type]
     return instance
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -2,10 +2,12 @@
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
 
+from steersman.control.backends.base import GenerationResult
 from steersman.control.serve.instances import make_instance
 from steersman.control.serve.sections import GatewaySettings, InstanceSettings
 from steersman.control.sim.profiles import load_profile
@@ -118,3 +120,23 @@ def test_through_nvml_a_throttled_gpu_slows_its_instance_and_a_request_learns_it
     prior = slow.latency.prior.step(4)
     slow.latency.learn_one({"running": 4, **slow.gpu(first_token)}, prior * 1410 / during)
     assert slow.latency.residual.get() == pytest.approx(0.0, abs=1e-9)  # explained by the clock
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached", "counted"),
+    [
+        (120, 40, 80),  # as vLLM reported: its prompt less its cached tokens
+        (120, None, 100),  # no cache report: less what steersman expected cached (20)
+        (None, None, 80),  # no usage yet: steersman's own count (100) less 20
+        ("many", 40, 60),  # odd usage from upstream: steersman's count, vLLM's cache
+        (10, 40, 0),  # more cached than prompt: nothing to prefill, never negative
+    ],
+)
+def test_a_first_token_counts_its_uncached_prompt_as_prefill_done(prompt, cached, counted):
+    inst = build(None)
+    inst.prefilled = 1000
+    result = GenerationResult("r", inst.name, 0.0, prompt_tokens=prompt, cached_tokens=cached)
+    job = SimpleNamespace(
+        arrival=SimpleNamespace(prompt_tokens=100), assignment=SimpleNamespace(cached_tokens=20)
+    )
+    assert inst.prefill_done(job, result) == 1000 + counted == inst.prefilled
