@@ -113,10 +113,8 @@ class LatencyModel:
         self.warmup = warmup
         self.clock_range = clock_range
         self.max_step_s = max_step_s
-        self.alpha = alpha
         self.forget_after_s = forget_after_s
         self.half_life_s = half_life_s
-        self.interference_alpha = interference_alpha
         self.residual = stats.EWMean(alpha)  # the speed
         self.interference = stats.EWMean(interference_alpha)
         self.learned = 0
