@@ -11,17 +11,22 @@ searched), or each policy's own capacity, searched near it (``capacity``).
 Run from the repository root:
     python -m benchmarks.dispatch_settings --profile a30-llama2-7b --scenario gamma4 \\
         --set admission=none --set ttft_weight=1
-Prints one JSON object per policy: P99 TTFT, mean E2E and mean normalized latency (or the
+Prints one JSON object per policy: P99 TTFT, mean and P99 E2E, mean normalized latency (or the
 capacity) per seed, their means, and the means' ratios to the first policy's (least-load's).
 Requests carry each prompt's vector for the corrector's similar-prompt prior, as in the daemon;
 ``--without-similar`` runs the policies that learn from predictions once more without them,
-named ``POLICY -similar``.
+named ``POLICY -similar``. ``--vary vllm-priority,steersman`` makes each ``--set`` a variant of
+each policy named (vLLM's priority policy reads the same ``[dispatch]`` settings: the aging, the
+engine order). ``--noise SIGMA`` replaces the length model's predictions with the true lengths
+times ``e^N(0, SIGMA)``: how precise predictions must be for a policy to earn its place.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import statistics
 import sys
 from collections.abc import Sequence
@@ -40,11 +45,11 @@ from steersman.control.sim.profiles import StepModel, load_profile
 from steersman.control.training.bundled import ensure_length_model
 from steersman.control.training.tiny_model import served_model
 from steersman.data import path
-from steersman.learners.corrector import VECTOR_KEY
+from steersman.learners.corrector import BASE_KEY, VECTOR_KEY
 from steersman.learners.hf import LengthModel
 from steersman.learners.tokens import TokenCounter
 
-FIGURES = ("ttft_p99_s", "e2e_mean_s", "norm_mean_s")
+FIGURES = ("ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "norm_mean_s")
 
 
 def changed(base: bench.Variant, assignments: str) -> bench.Variant:
@@ -71,6 +76,25 @@ def changed(base: bench.Variant, assignments: str) -> bench.Variant:
         field = ".".join(str(p) for p in err["loc"])
         raise ValueError(f"dispatch.{field} = {update.get(field)!r}: {err['msg']}") from None
     return replace(base, dispatch=dispatch)
+
+
+def noisy(items: Sequence[bench.Item], sigma: float, seed: int) -> list[bench.Item]:
+    """``items`` predicted as their true lengths times ``e^N(0, sigma)``, without the prompts'
+    vectors (the similar-prompt prior would otherwise learn the truth back).
+
+    >>> items = [bench.Item(10, 100, {BASE_KEY: 3.0, VECTOR_KEY: [1.0]})]
+    >>> noisy(items, 0.0, seed=0)[0].features
+    {'base_tokens': 100.0}
+    >>> 100 != noisy(items, 0.5, seed=0)[0].features[BASE_KEY] > 0
+    True
+    """
+    rng = random.Random(seed)
+    out = []
+    for item in items:
+        x = {k: v for k, v in item.features.items() if k not in (BASE_KEY, VECTOR_KEY)}
+        x[BASE_KEY] = item.output_tokens * math.exp(rng.gauss(0.0, sigma))
+        out.append(replace(item, features=x))
+    return out
 
 
 def compare(
@@ -133,6 +157,10 @@ def main() -> None:
     )
     parser.add_argument("--set", action="append", default=[], dest="changes",
                         metavar="FIELD=VALUE[,...]")  # fmt: skip
+    parser.add_argument("--vary", default="steersman", metavar="POLICY[,POLICY]",
+                        help="the standard policies each --set changes")  # fmt: skip
+    parser.add_argument("--noise", type=float, metavar="SIGMA",
+                        help="predict the true lengths times e^N(0, SIGMA) instead")  # fmt: skip
     parser.add_argument(
         "--without-similar",
         action="store_true",
@@ -144,9 +172,15 @@ def main() -> None:
         policies = {p: standard[p] for p in args.policies.split(",")}
     except KeyError as exc:
         sys.exit(f"--policies: unknown policy {exc}; known: {', '.join(standard)}")
+    varied = args.vary.split(",")
+    if unknown := [p for p in varied if p not in standard]:
+        sys.exit(f"--vary: unknown policy {unknown[0]!r}; known: {', '.join(standard)}")
+    if args.noise is not None and not (math.isfinite(args.noise) and args.noise >= 0):
+        sys.exit(f"--noise: {args.noise} is not a spread (a finite number >= 0)")
     try:
         for change in args.changes:
-            policies[f"steersman {change}"] = changed(standard["steersman"], change)
+            for name in varied:
+                policies[f"{name} {change}"] = changed(standard[name], change)
     except ValueError as exc:
         sys.exit(f"--set {exc}")
     problem = None if args.scenario == "capacity" else check_scenario(args.scenario)
@@ -164,6 +198,10 @@ def main() -> None:
     trace = load_trace(path("azure_conv"))
     items = bench.prompt_items(counter, model.predict_with_vectors, args.requests,
                                profile.max_model_len, 0)  # fmt: skip
+    if args.noise is not None:
+        items = noisy(items, args.noise, seed=7)
+        drawn = [math.log(i.features[BASE_KEY] / i.output_tokens) for i in items]
+        errors = bench.band_seed(drawn) if args.noise > 0 else None
     capacity = args.capacity or bench.capacity(
         "least-load", standard["least-load"], items, trace, profile, 8, 1.0, bench.Steady()
     )
@@ -178,7 +216,9 @@ def main() -> None:
         rows += compare({**yardstick, **learning}, items, trace, profile, args.scenario,
                         capacity, seeds, band_errors=errors)[1:]  # fmt: skip
     for row in rows:
-        print(json.dumps({"profile": args.profile, "capacity_rps": capacity, **row}), flush=True)
+        noise = {} if args.noise is None else {"noise": args.noise}
+        print(json.dumps({"profile": args.profile, "capacity_rps": capacity, **noise, **row}),
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

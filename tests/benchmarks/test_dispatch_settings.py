@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import doctest
+import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks.dispatch_settings import changed, compare
+import benchmarks.dispatch_settings
+from benchmarks.dispatch_settings import FIGURES, changed, compare, noisy
 from steersman.control.harness import bench
 from steersman.control.harness.workloads import load_trace
 from steersman.control.sim.profiles import load_profile
 from steersman.data import path
+from steersman.learners.corrector import BASE_KEY, VECTOR_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 STEERSMAN = bench.variants()["steersman"]
@@ -44,11 +49,9 @@ def test_variants_run_side_by_side_and_only_a_real_change_moves_the_figures():
     rows = {r["policy"]: r for r in compare(policies, items, trace, profile, "burst", 6.0,
                                              seeds=[0, 1], instances=2)}  # fmt: skip
     assert list(rows) == list(policies)
-    assert rows["least-load"]["to_least-load"] == {
-        f: 1.0 for f in ("ttft_p99_s", "e2e_mean_s", "norm_mean_s")
-    }
+    assert rows["least-load"]["to_least-load"] == {f: 1.0 for f in FIGURES}
     default, same, other = (rows[p] for p in list(policies)[1:])
-    for figure in ("ttft_p99_s", "e2e_mean_s", "norm_mean_s"):
+    for figure in FIGURES:
         assert len(default[figure]) == 2
         assert same[figure] == default[figure]  # deterministic, and the same settings
     # Without the KV admission every request goes to vLLM at once: the burst runs otherwise.
@@ -70,6 +73,26 @@ def test_capacity_is_searched_per_policy_near_the_one_given():
     assert rr["to_least-load"]["capacity_rps"] <= 1.0
 
 
+def test_the_docstring_examples_hold():
+    result = doctest.testmod(benchmarks.dispatch_settings, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0
+    assert result.failed == 0
+
+
+def test_noisy_predictions_err_by_the_spread_asked_and_carry_no_vectors():
+    items = [bench.Item(20, 1 + k % 900, {BASE_KEY: 50.0, VECTOR_KEY: [0.1, 0.2]})
+             for k in range(4000)]  # fmt: skip
+    for sigma in (0.3, 0.9):
+        got = noisy(items, sigma, seed=1)
+        errors = [math.log(g.features[BASE_KEY] / g.output_tokens) for g in got]
+        assert abs(statistics.pstdev(errors) - sigma) < 0.05 * sigma
+        assert abs(statistics.fmean(errors)) < 0.05
+        assert all(VECTOR_KEY not in g.features for g in got)
+        assert [g.output_tokens for g in got] == [i.output_tokens for i in items]
+    assert noisy(items, 0.5, seed=1) == noisy(items, 0.5, seed=1)  # the same draws each run
+    assert items[0].features[BASE_KEY] == 50.0  # the items given are left as they were
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -77,6 +100,10 @@ def test_capacity_is_searched_per_policy_near_the_one_given():
         (["--profile", "nope"], "--profile: unknown simulator profile 'nope'"),
         (["--policies", "fastest"], "--policies: unknown policy 'fastest'"),
         (["--set", "max_hold_s=-1"], "--set dispatch.max_hold_s = '-1'"),
+        (["--vary", "steersman,fastest"], "--vary: unknown policy 'fastest'"),
+        (["--vary", "vllm-priority", "--set", "aging_s=0"], "--set dispatch.aging_s = '0'"),
+        (["--noise", "-1"], "--noise: -1.0 is not a spread"),
+        (["--noise", "nan"], "--noise: nan is not a spread"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line_before_any_run(args, says):
