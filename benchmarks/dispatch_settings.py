@@ -97,6 +97,11 @@ def noisy(items: Sequence[bench.Item], sigma: float, seed: int) -> list[bench.It
     return out
 
 
+def _unpredicted(texts: list[str]) -> tuple[list[float], list[Any]]:
+    """No prediction and no vector for any prompt (``noisy`` gives them theirs)."""
+    return [math.nan] * len(texts), [None] * len(texts)
+
+
 def compare(
     policies: dict[str, bench.Variant],
     items: Sequence[bench.Item],
@@ -192,12 +197,14 @@ def main() -> None:
         sys.exit(f"--profile: {exc}")
     data = Settings().data_dir
     counter = TokenCounter(served_model(data))
-    directory = ensure_length_model(data, counter).directory
-    model = LengthModel.load(directory)
-    errors = validation_errors(directory)
+    if args.noise is None:
+        directory = ensure_length_model(data, counter).directory
+        predict = LengthModel.load(directory).predict_with_vectors
+        errors = validation_errors(directory)
+    else:  # the noisy truth replaces every prediction: no length model to train or run
+        predict, errors = _unpredicted, None
     trace = load_trace(path("azure_conv"))
-    items = bench.prompt_items(counter, model.predict_with_vectors, args.requests,
-                               profile.max_model_len, 0)  # fmt: skip
+    items = bench.prompt_items(counter, predict, args.requests, profile.max_model_len, 0)
     if args.noise is not None:
         items = noisy(items, args.noise, seed=7)
         drawn = [math.log(i.features[BASE_KEY] / i.output_tokens) for i in items]
