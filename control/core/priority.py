@@ -24,3 +24,31 @@ def vllm_priority(key: float, origin: float, aging_s: float) -> int:
     """The key as vLLM's integer priority (lower first), relative to ``origin`` (the daemon's
     start) so the numbers stay small; a tenth of a doubling per unit."""
     return round((key - origin / aging_s) * 10)
+
+
+class TypicalLength:
+    """The geometric mean of recent scheduled lengths (over about the last ``window``): the size
+    at which a request outside the length order joins it.
+
+    >>> t = TypicalLength(127.0)
+    >>> t.get()
+    127.0
+    >>> for length in (7.0, 31.0, float("nan"), -1.0):  # odd data is passed over
+    ...     t.update(length)
+    >>> t.get()  # 2 ** mean(log2(1 + length)) - 1
+    15.0
+    """
+
+    def __init__(self, default_tokens: float, window: int = 1000) -> None:
+        self.window = window
+        self._log = math.log2(1.0 + max(default_tokens, 0.0))
+        self._n = 0
+
+    def update(self, tokens: float) -> None:
+        if not math.isfinite(tokens) or tokens < 0:
+            return  # the hot path never raises on odd data
+        self._n += 1
+        self._log += (math.log2(1.0 + tokens) - self._log) / min(self._n, self.window)
+
+    def get(self) -> float:
+        return 2.0**self._log - 1.0

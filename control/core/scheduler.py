@@ -32,7 +32,7 @@ from steersman.control.core.messages import (
 )
 from steersman.control.core.policies import POLICIES, DispatchContext, InstanceView
 from steersman.control.core.prefix import PrefixIndex, block_hashes
-from steersman.control.core.priority import priority_key, vllm_priority
+from steersman.control.core.priority import TypicalLength, priority_key, vllm_priority
 from steersman.control.core.running import InFlight
 from steersman.control.core.settings import ControllerSettings, DispatchSettings
 from steersman.learners.corrector import BASE_KEY, PREFIX_KEY, VECTOR_KEY, Band
@@ -122,6 +122,7 @@ class Scheduler:
         self._prefixes: dict[str, PrefixIndex] = {}  # what each instance likely holds cached
         self._counter = 0
         self._waiting = 0
+        self._typical = TypicalLength(default_tokens)
 
     # -- intake ---------------------------------------------------------------------------------
 
@@ -175,9 +176,11 @@ class Scheduler:
         aging = self.dispatch.aging_s
         ttft = arrival.expected_ttft_s
         due = now + ttft if _finite(ttft) and ttft > 0 else now
-        key = priority_key(scheduled if ordered else 0.0, due, aging)
+        typical = self._typical.get() if self.dispatch.unordered_size == "typical" else 0.0
+        key = priority_key(scheduled if ordered else typical, due, aging)
         priority = vllm_priority(key, self.origin, aging) if self.priorities else 0
-        fcfs = vllm_priority(priority_key(0.0, now, aging), self.origin, aging)
+        fcfs = vllm_priority(priority_key(typical, now, aging), self.origin, aging)
+        self._typical.update(scheduled)
         return Ticket(
             corrected,
             scheduled,

@@ -154,6 +154,13 @@ class DispatchSettings(_Section):
     aging_s: float = Field(
         default=2.0, gt=0, description="Waiting this long outranks a prediction twice as short."
     )
+    unordered_size: Literal["zero", "typical"] = Field(
+        default="zero",
+        description="The size a request outside the length order (engine_order, FALLBACK) is "
+        "ranked with where a queue mixes it with ordered ones: zero, ahead of every ordered "
+        "request of its arrival (an ordered one waits behind those that arrive up to aging_s x "
+        "log2(its length) later); typical, the geometric mean of recent scheduled lengths.",
+    )
     impact_weight: float = Field(
         default=1.0, ge=0, description="predictive: weight of the delay added to others."
     )
