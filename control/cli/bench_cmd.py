@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -183,6 +184,9 @@ def bench_command(
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "length_model": str(length_model),
         "length_model_base": demo_model.describe(),
+        # steersman's [dispatch] settings where the configuration changed them: the policies run
+        # as the operator would run them (vLLM's priority policy with the same aging)
+        "dispatch_changed": settings.dispatch.model_dump(exclude_defaults=True),
     }
     if suite in (Suite.sim, Suite.all):
         options = SimOptions(
@@ -193,17 +197,26 @@ def bench_command(
             goodput=(goodput_ttft, goodput_tpot),
             seed=seed,
             steady=Steady(duration_s=steady_s, warmup_s=min(warmup_s, steady_s / 2)),
+            dispatch=settings.dispatch,
         )
         results["sim"] = _sim_suite(
             console, counter, length_model, checks, lengths, block_tokens, options, out
         )
     if suite in (Suite.fleet, Suite.all):
+        fleet_options = replace(checks["fleet"], dispatch=settings.dispatch)
         results["fleet"] = _fleet_suite(
-            console, counter, length_model, checks["trace"], checks["fleet"], requests
+            console, counter, length_model, checks["trace"], fleet_options, requests
         )
     if suite in (Suite.qoe, Suite.all):
         results["qoe"] = _qoe_suite(
-            console, counter, length_model, checks["trace"], profile, requests, seed
+            console,
+            counter,
+            length_model,
+            checks["trace"],
+            profile,
+            requests,
+            seed,
+            settings.dispatch,
         )
     if suite in (Suite.real, Suite.all):
         try:
@@ -305,7 +318,9 @@ def _fleet_suite(console, counter, length_model, trace, options, requests) -> di
     return fleet.run(items, trace, options, say=lambda text: console.print(text, markup=False))
 
 
-def _qoe_suite(console, counter, length_model, trace, profiles, requests, seed) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _qoe_suite(  # type: ignore[no-untyped-def]
+    console, counter, length_model, trace, profiles, requests, seed, dispatch
+) -> dict[str, Any]:
     """The trace's lengths, predicted with the length model's measured error."""
     from steersman.control.harness import bench, qoe_suite
     from steersman.control.sim.profiles import load_profile
@@ -313,9 +328,9 @@ def _qoe_suite(console, counter, length_model, trace, profiles, requests, seed) 
 
     model = LengthModel.load(length_model)
     errors = bench.model_errors(counter, model.predict_with_vectors, 1000, seed + 1)
-    options = qoe_suite.QoeOptions(seed=seed)
+    options = qoe_suite.QoeOptions(seed=seed, dispatch=dispatch)
     if profiles:
-        options = qoe_suite.QoeOptions(profiles=tuple(profiles), seed=seed)
+        options = replace(options, profiles=tuple(profiles))
     items = {
         name: bench.trace_items(trace, errors, requests, load_profile(name).max_model_len, seed)
         for name in options.profiles
@@ -340,8 +355,6 @@ def _policies(text: str) -> tuple[str, ...]:
 def _sim_suite(
     console, counter, length_model, checks, lengths, block_tokens, options, out
 ) -> dict[str, Any]:
-    from dataclasses import replace
-
     from steersman.control.harness import bench
     from steersman.control.harness.bench_suite import run_profile
     from steersman.control.serve.served_model import validation_errors

@@ -62,44 +62,56 @@ class Variant:
     qoe: QoeSettings | None = None  # the engines' streamed-QoE rule (core.qoe_rule)
 
 
-def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[str, Variant]:
+def variants(base: DispatchSettings | None = None, engine: str = "steersman") -> dict[str, Variant]:
     """The policies compared: what operators run today (stock vLLM FCFS behind round-robin or
     least-load), vLLM's priority policy fed with steersman's predictions but no steersman
     queue, steersman complete (with vLLM's priority policy, and with steersman's scheduler class),
     and steersman with the class and the true lengths (the bound) or with a
     predictor that knows nothing (what the predictions themselves earn); and, for workloads that
-    share prefixes, a router by prefix affinity in front of stock vLLM."""
+    share prefixes, a router by prefix affinity in front of stock vLLM. ``base``: the `[dispatch]`
+    settings steersman runs with (the defaults, or an operator's); the other policies take what
+    they share with it (the aging that vLLM's priority policy reads) and set what defines them.
+
+    >>> v = variants(DispatchSettings(aging_s=8))
+    >>> v["steersman"].dispatch.aging_s, v["vllm-priority"].dispatch.aging_s
+    (8.0, 8.0)
+    >>> v["vllm-priority"].dispatch.policy, v["vllm-priority"].dispatch.admission
+    ('least-load', 'none')
+    """
+    base = base or DispatchSettings()
+
+    def dispatch(**changes: str) -> DispatchSettings:
+        return base.model_copy(update=changes)
+
     lb = {"admission": "none"}
     out = {
         "round-robin": Variant(
-            DispatchSettings(policy="round-robin", **lb), "fcfs", "none", priorities=False
+            dispatch(policy="round-robin", **lb), "fcfs", "none", priorities=False
         ),
         "least-load": Variant(
-            DispatchSettings(policy="least-load", **lb), "fcfs", "none", priorities=False
+            dispatch(policy="least-load", **lb), "fcfs", "none", priorities=False
         ),
         "vllm-priority": Variant(
-            DispatchSettings(policy="least-load", engine_order="always", **lb),
-            "priority",
-            "learned",
+            dispatch(policy="least-load", engine_order="always", **lb), "priority", "learned"
         ),
         # As deployed by default: vLLM's built-in priority policy fed steersman's priorities.
-        "steersman": Variant(DispatchSettings(policy=dispatch), "priority", "learned"),
+        "steersman": Variant(base, "priority", "learned"),
         # With steersman's vLLM scheduler class: what the class adds.
-        "steersman-class": Variant(DispatchSettings(policy=dispatch), engine, "learned"),
+        "steersman-class": Variant(base, engine, "learned"),
         "oracle": Variant(
-            DispatchSettings(policy="oracle"), engine, "truth", ControllerSettings(enabled=False)
+            dispatch(policy="oracle"), engine, "truth", ControllerSettings(enabled=False)
         ),
         # vllm-priority with the true lengths: what the order inside vLLM alone makes of perfect
         # predictions, against which steersman's queue and dispatch are judged.
         "vllm-priority-oracle": Variant(
-            DispatchSettings(policy="least-load", engine_order="always", **lb),
+            dispatch(policy="least-load", engine_order="always", **lb),
             "priority",
             "truth",
             ControllerSettings(enabled=False),
         ),
-        "constant": Variant(DispatchSettings(policy=dispatch), engine, "constant"),
+        "constant": Variant(base, engine, "constant"),
         "prefix-affinity": Variant(
-            DispatchSettings(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
+            dispatch(policy="prefix-affinity", **lb), "fcfs", "none", priorities=False
         ),
     }
     # Andes as published: least-load with the QoE rule in every engine, no length predictions;
@@ -107,7 +119,7 @@ def variants(dispatch: str = "predictive", engine: str = "steersman") -> dict[st
     # the rule sees it, dispatch and vLLM's base order still by the predictions. -lengths: the
     # rule weighs stalls by predicted length; -pausing: it may pause a stream once, as Andes does.
     andes = replace(out["least-load"], qoe=QOE_ON)
-    qoe = Variant(DispatchSettings(policy=dispatch, **lb), "priority", "learned", qoe=QOE_ON)
+    qoe = Variant(dispatch(**lb), "priority", "learned", qoe=QOE_ON)
     out.update(
         {
             "andes": andes,

@@ -33,6 +33,9 @@ def report(results: dict[str, Any]) -> str:
         f"Started {results['started_at']}; length model `{Path(results['length_model']).name}`"
         f"{base}."
     )
+    if changed := results.get("dispatch_changed"):
+        settings = ", ".join(f"`{k} = {v!r}`" for k, v in changed.items())
+        lines.append(f"Steersman's `[dispatch]` settings changed from the defaults: {settings}.")
     if results.get("sim"):
         lines += sim_section(results["sim"])
     if results.get("fleet"):

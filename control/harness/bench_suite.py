@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steersman.control.core.settings import DispatchSettings
 from steersman.control.harness import bench, plots
 from steersman.control.harness.workloads import Trace, burst_arrivals
 from steersman.control.sim.profiles import StepModel
@@ -36,6 +37,7 @@ class SimOptions:
     # daemon adopts them (None: a factor of 2 until a class has outcomes).
     band_errors: tuple[float, ...] | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # capacity searches at once
+    dispatch: DispatchSettings = field(default_factory=DispatchSettings)  # steersman's
 
 
 def run_profile(
@@ -48,7 +50,7 @@ def run_profile(
     say: Say,
 ) -> dict[str, Any]:
     n, k = len(items), options.instances
-    variants = {p: bench.variants()[p] for p in options.policies}
+    variants = {p: bench.variants(options.dispatch)[p] for p in options.policies}
     steady = options.steady
     capacity: dict[str, float] = {}
 

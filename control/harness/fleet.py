@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from steersman.control.core.settings import DispatchSettings
 from steersman.control.harness import bench
 from steersman.control.harness.workloads import Trace
 from steersman.control.sim.gpu import GpuEvent
@@ -78,9 +79,9 @@ def scenario_fleet(
 
 
 def variant_fleets(
-    fleet: bench.Fleet, scenario: str = ""
+    fleet: bench.Fleet, scenario: str = "", base: DispatchSettings | None = None
 ) -> dict[str, tuple[bench.Variant, bench.Fleet]]:
-    v = bench.variants()
+    v = bench.variants(base)
     out = {
         "least-load": (v["least-load"], fleet),
         "steersman": (v["steersman"], fleet),
@@ -139,6 +140,7 @@ class FleetOptions:
     steady: bench.Steady = field(default_factory=bench.Steady)
     seed: int = 0
     seeds: int = 5  # the steady scenario's arrival seeds (learning's cost judged on their mean)
+    dispatch: DispatchSettings = field(default_factory=DispatchSettings)  # steersman's
 
 
 def run(
@@ -165,7 +167,7 @@ def run(
                 out["floor"] = _floor(items, trace, profiles, base_capacity, options)
             level = options.quiet_level if scenario == "quiet" else options.level
             rate = level * base_capacity
-            for name, (variant, f) in variant_fleets(fleet, scenario).items():
+            for name, (variant, f) in variant_fleets(fleet, scenario, options.dispatch).items():
                 r = bench.steady_run(name, variant, items, trace, rate, profiles[0],
                                      len(profiles), steady, seed=options.seed, fleet=f)  # fmt: skip
                 runs[name] = _summary(r, at)
@@ -181,8 +183,9 @@ def run(
 
 
 def _untouched(items, trace, rate, profiles, options, seed) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    return bench.steady_run("steersman", bench.variants()["steersman"], items, trace, rate,
-                            profiles[0], len(profiles), options.steady, seed=seed)  # fmt: skip
+    variant = bench.variants(options.dispatch)["steersman"]
+    return bench.steady_run("steersman", variant, items, trace, rate, profiles[0], len(profiles),
+                            options.steady, seed=seed)  # fmt: skip
 
 
 def _seeds(items, trace, rate, fleet, profiles, options, runs) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -190,10 +193,10 @@ def _seeds(items, trace, rate, fleet, profiles, options, runs) -> dict[str, Any]
     seeds: one run's tail moves by a few percent with any perturbation, so whether learning costs
     anything where nothing changes is judged on their mean."""
     pairs = [(runs["steersman"], runs["steersman-no-telemetry"])]
+    steersman = bench.variants(options.dispatch)["steersman"]
     for seed in range(options.seed + 1, options.seed + options.seeds):
-        r = bench.steady_run("steersman", bench.variants()["steersman"], items, trace, rate,
-                             profiles[0], len(profiles), options.steady, seed=seed,
-                             fleet=fleet)  # fmt: skip
+        r = bench.steady_run("steersman", steersman, items, trace, rate, profiles[0],
+                             len(profiles), options.steady, seed=seed, fleet=fleet)  # fmt: skip
         pairs.append((r, _untouched(items, trace, rate, profiles, options, seed)))
     out: dict[str, Any] = {"seeds": len(pairs)}
     for key in ("ttft_p99_s", "e2e_mean_s", "norm_mean_s"):
@@ -209,7 +212,7 @@ def _seeds(items, trace, rate, fleet, profiles, options, runs) -> dict[str, Any]
 def _capacities(items, trace, fleet, options, say) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     runs: dict[str, Any] = {}
     near = None
-    for name, (variant, f) in variant_fleets(fleet).items():
+    for name, (variant, f) in variant_fleets(fleet, base=options.dispatch).items():
         rate = _capacity(name, items, trace, f, options, near=near, variant=variant)
         near = near or rate
         r = bench.steady_run(name, variant, items, trace, 0.8 * near, f.profiles[0],
@@ -230,9 +233,9 @@ def _floor(items, trace, profiles, capacity, options) -> dict[str, Any]:  # type
     s = options.steady
     steady = replace(s, duration_s=stretch * s.duration_s, warmup_s=stretch * s.warmup_s)
     rate = FLOOR_LEVEL * capacity
-    r = bench.steady_run("least-load", bench.variants()["least-load"], items, trace, rate,
-                         profiles[0], len(profiles), steady, seed=options.seed,
-                         fleet=bench.Fleet(profiles))  # fmt: skip
+    least_load = bench.variants(options.dispatch)["least-load"]
+    r = bench.steady_run("least-load", least_load, items, trace, rate, profiles[0], len(profiles),
+                         steady, seed=options.seed, fleet=bench.Fleet(profiles))  # fmt: skip
     keys = ("ttft_p50_s", "ttft_p99_s", "measured")
     return {"level": FLOOR_LEVEL, "rate_rps": round(rate, 3), **{k: r[k] for k in keys}}
 
@@ -263,7 +266,7 @@ def _capacity(
     near: float | None = None,
     variant: bench.Variant | None = None,
 ) -> float:
-    variant = variant or bench.variants()[name]
+    variant = variant or bench.variants(options.dispatch)[name]
     p = fleet.profiles
     return bench.capacity(name, variant, items, trace, p[0], len(p), options.slo_ttft_s,
                           options.steady, start=10.0, near=near, seed=options.seed,

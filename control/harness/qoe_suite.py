@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from steersman.control.core.settings import DispatchSettings
 from steersman.control.harness import bench
 from steersman.control.harness.bench_suite import worker_pool
 from steersman.control.harness.workloads import Trace, burst_arrivals
@@ -46,6 +47,7 @@ class QoeOptions:
     steady: bench.Steady = field(default_factory=lambda: bench.Steady(120.0, 30.0))
     seed: int = 0
     workers: int = 2
+    dispatch: DispatchSettings = field(default_factory=DispatchSettings)  # steersman's
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class _Search:
 
     def __call__(self) -> float:
         o = self.options
-        variant = bench.variants()[self.name]
+        variant = bench.variants(o.dispatch)[self.name]
         return bench.capacity(
             self.name, variant, self.items, self.trace, self.profile, o.instances, math.inf,
             o.steady, start=10.0, near=self.near, seed=o.seed, meets=bench.qoe_objective,
@@ -80,8 +82,9 @@ def run(
         times = overload_arrivals(trace, base, options)
         cycled = [items[i % len(items)] for i in range(len(times))]
         overload: dict[str, Any] = {}
+        policies = bench.variants(options.dispatch)
         for policy in options.policies:
-            r = bench.run_sim(policy, bench.variants()[policy], cycled, times, profile,
+            r = bench.run_sim(policy, policies[policy], cycled, times, profile,
                               options.instances)  # fmt: skip
             overload[policy] = {k: r[k] for k in FIGURES}
             say(line(name, policy, overload[policy]))

@@ -11,28 +11,31 @@ from pathlib import Path
 import pytest
 
 
-def bench(args: list[str], data: Path) -> subprocess.CompletedProcess:
+def bench(args: list[str], data: Path, config: Path | None = None) -> subprocess.CompletedProcess:
     steersman = str(Path(sys.executable).with_name("steersman"))
+    env = {"PATH": "/usr/bin:/bin", "STEERSMAN_DATA_DIR": str(data)}
+    if config is not None:
+        env["STEERSMAN_CONFIG"] = str(config)
     return subprocess.run(
-        [steersman, "bench", *args],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "STEERSMAN_DATA_DIR": str(data)},
-        timeout=900,
+        [steersman, "bench", *args], capture_output=True, text=True, env=env, timeout=900
     )
 
 
 def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model):
     data = tmp_path / "data"
+    config = tmp_path / "steersman.toml"  # the operator's settings are the ones benchmarked
+    config.write_text("[dispatch]\naging_s = 8\n")
     shutil.copytree(tiny_model, data / "models" / "tiny-llama")
     out = tmp_path / "out"
     args = ["--suite", "fleet", "--fleet", "1xa100-llama2-7b+1xa30-llama2-7b"]
     args += ["--homogeneous", "2xa100-llama2-7b", "--fleet-scenarios", "throttle,steady,quiet"]
     args += ["--steady-s", "60", "--warmup-s", "15", "--requests", "400"]
     args += ["--train-budget", "10", "--out", str(out)]
-    done = bench(args, data)
+    done = bench(args, data, config)
     assert done.returncode == 0, done.stderr[-3000:]
-    fleet = json.loads((out / "results.json").read_text())["fleet"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["dispatch_changed"] == {"aging_s": 8.0}
+    fleet = results["fleet"]
     assert list(fleet["scenarios"]) == ["throttle", "steady", "quiet"]
     for scenario, runs in fleet["scenarios"].items():
         assert runs["rate_rps"] > 0
@@ -49,6 +52,7 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
     assert "tracking" in fleet["scenarios"]["throttle"]["steersman"]
     assert fleet["floor"]["measured"] == fleet["scenarios"]["throttle"]["least-load"]["measured"]
     report = (out / "report.md").read_text()
+    assert "`[dispatch]` settings changed from the defaults: `aging_s = 8.0`" in report
     assert "## Fleets that differ and GPUs that slow down" in report
     assert "2xa100-llama2-7b, throttle: instance 0's clock capped at 60%" in report
     assert "| steersman-frozen | " in report and "tracked after |" in report
@@ -70,3 +74,12 @@ def test_a_bad_fleet_option_is_one_line_naming_it(tmp_path, args, says):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
     assert not (tmp_path / "data" / "models").exists()  # refused before anything ran
+
+
+def test_a_bad_dispatch_setting_is_refused_naming_it(tmp_path):
+    config = tmp_path / "steersman.toml"
+    config.write_text("[dispatch]\naging_s = -1\n")
+    done = bench(["--suite", "sim"], tmp_path / "data", config)
+    assert done.returncode != 0
+    assert "dispatch.aging_s" in done.stderr and "-1" in done.stderr, done.stderr
+    assert not (tmp_path / "data" / "models").exists()
