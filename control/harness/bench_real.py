@@ -40,6 +40,12 @@ from steersman.telemetry.vllm_metrics import parse_metrics
 # What each policy means in a deployment.
 VARIANTS: dict[str, dict[str, Any]] = {
     "least-load": {"dispatch": {"policy": "least-load", "admission": "none"}, "stock": True},
+    # vLLM's priority policy fed steersman's priorities behind least-load, no steersman queue:
+    # what the predictions earn without steersman's admission and dispatch.
+    "vllm-priority": {
+        "dispatch": {"policy": "least-load", "admission": "none", "engine_order": "always"},
+        "predictions": False,
+    },
     # As deployed by default: vLLM's built-in priority policy fed steersman's priorities.
     "steersman": {"predictions": False},
     # With steersman's vLLM scheduler class reading the predictions: what the class adds.
