@@ -8,7 +8,8 @@ remaining length, longest first, the peak is ``max_t (c_(1) + ... + c_(t) + t * 
 partly used block per request. A newcomer of prompt ``p`` and length ``L`` is judged over its own
 lifetime: it adds ``p + r_(t)`` at every end it outlasts (``r_(t) < L``), and has a point of its
 own just before it ends. Everything is computed for all instances at once, in a few array
-operations.
+operations. Where vLLM ranks by priority, the requests that rank behind a newcomer (and will
+outlast it) do not count against it: vLLM preempts them for it when the cache runs short.
 
 >>> p = Projection(np.array([0, 0, 1]), np.array([100.0, 10.0, 50.0]),
 ...                np.array([20.0, 30.0, 5.0]), instances=2, block=0)
@@ -94,6 +95,7 @@ class KvRoom:
     ) -> None:
         """``measured`` False: the projection alone admits (steersman's queue is backlogged)."""
         self.flying = flying
+        self.outrank = dispatch.outrank
         self.names = [i.name for i in instances]
         self.order = np.array([flying.instance(n) for n in self.names], dtype=np.intp)
         self.capacity = np.array([i.kv_capacity or np.inf for i in instances], dtype=float)
@@ -123,9 +125,16 @@ class KvRoom:
         return (new <= self.headroom).tolist()
 
     def decide(
-        self, prompt: int, scheduled: float, left: np.ndarray, cached: Sequence[int]
+        self,
+        prompt: int,
+        scheduled: float,
+        left: np.ndarray,
+        cached: Sequence[int],
+        priority: float,
+        ranked: Sequence[bool],
     ) -> tuple[list[bool], set]:
-        """``cached``: per instance, the prompt tokens it likely holds (they take no new room)."""
+        """``cached``: per instance, the prompt tokens it likely holds (they take no new room);
+        ``ranked``: per instance, whether vLLM gets the newcomer's ``priority`` there."""
         flying, order = self.flying, self.order
         new = np.maximum(prompt - np.asarray(cached, dtype=float), 0.0)
         length = float(min(scheduled, self.limit.min()))  # an absurd prediction is cut
@@ -147,5 +156,18 @@ class KvRoom:
         # The newcomer's new prompt blocks are there at every point of its lifetime: per
         # instance, its peak is the peak of a prompt-less newcomer plus them.
         room |= peaks.peak_with(0.0, length)[order] + new <= self.limit
+        behind = ~room & np.asarray(ranked, dtype=bool) & self.outrank
+        if behind.any():
+            # Where vLLM orders by priority, the requests that rank behind the newcomer are the
+            # ones it preempts when the cache runs short: the newcomer needs room only beside
+            # those that stay ahead of it, as it would waiting in vLLM's own queue. One that
+            # will be done before the newcomer stays too: preempting it would lose its work.
+            there = np.zeros(len(self.block), dtype=bool)
+            there[order[behind]] = True
+            ahead = there[inst] & ((flying.priority[:n] <= priority) | (left <= length))
+            peaks = Projection(
+                inst[ahead], left[ahead], size[ahead], instances=len(self.block), block=self.block
+            )
+            room |= behind & (peaks.peak_with(0.0, length)[order] + new <= self.limit)
         forced = ~room & (new <= self.spare)
         return (room | forced).tolist(), {self.names[k] for k in np.flatnonzero(forced)}

@@ -28,6 +28,8 @@ import numpy as np
 
 from steersman.learners.remaining import RemainingLength, remaining
 
+_COLUMNS = ("inst", "cls", "scheduled", "produced", "prompt", "priority")  # one row per request
+
 
 class InFlight:
     def __init__(self, instances: Iterable[str] = (), capacity: int = 256) -> None:
@@ -44,6 +46,7 @@ class InFlight:
         self.scheduled = np.zeros(capacity)
         self.produced = np.zeros(capacity)
         self.prompt = np.zeros(capacity)
+        self.priority = np.zeros(capacity)  # vLLM's priority it was sent with (lower first)
 
     def instance(self, name: str) -> int:
         """The instance's index (instances are numbered as they are first seen)."""
@@ -62,11 +65,17 @@ class InFlight:
         return 0 if k is None else self.counts[k]
 
     def add(
-        self, rid: str, name: str, scheduled: float, prompt: int, request_class: str = "other"
+        self,
+        rid: str,
+        name: str,
+        scheduled: float,
+        prompt: int,
+        request_class: str = "other",
+        priority: int = 0,
     ) -> None:
         n = len(self.ids)
         if n == len(self.scheduled):
-            for attr in ("inst", "cls", "scheduled", "produced", "prompt"):
+            for attr in _COLUMNS:
                 old = getattr(self, attr)
                 grown = np.zeros(2 * n, dtype=old.dtype)
                 grown[:n] = old
@@ -78,6 +87,7 @@ class InFlight:
             self.classes.append(request_class)
         self.inst[n], self.cls[n] = k, self.classes.index(request_class)
         self.scheduled[n], self.produced[n], self.prompt[n] = scheduled, 0, prompt
+        self.priority[n] = priority
         self.counts[k] += 1
 
     def remove(self, rid: str) -> str | None:
@@ -92,8 +102,8 @@ class InFlight:
         if j != last:
             self.ids[j] = moved
             self._slot[moved] = j
-            for array in (self.inst, self.cls, self.scheduled, self.produced, self.prompt):
-                array[j] = array[last]
+            for attr in _COLUMNS:
+                getattr(self, attr)[j] = getattr(self, attr)[last]
         return self.names[k]
 
     def progress(self, rid: str, produced: int) -> None:

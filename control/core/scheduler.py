@@ -231,6 +231,12 @@ class Scheduler:
             if projected
             else None
         )
+        # Where vLLM gets a request's length-ordered priority rather than its arrival order.
+        ranked = [
+            ordered
+            and not (by_usage and not i.ranks and (i.kv_usage or 0.0) < self.dispatch.pressure_kv)
+            for i in instances
+        ]
         order = np.array([flying.instance(i.name) for i in instances], dtype=np.intp)
         backlog = flying.prefilling()
         views = [self._view(i, backlog) for i in instances]
@@ -246,7 +252,9 @@ class Scheduler:
             room = None
             if kv is not None and not held_long:
                 expected = self._expected(a, t)
-                room, forced = kv.decide(a.prompt_tokens, expected, left, cached)
+                room, forced = kv.decide(
+                    a.prompt_tokens, expected, left, cached, t.priority, ranked
+                )
             elif held:  # past a held best key, only where the engine measures room for it
                 room = kv.measured_room(a.prompt_tokens, cached)
             if room is not None:
@@ -288,19 +296,16 @@ class Scheduler:
             name = decision.instance
             self.stats.kv_overrides += name in forced
             k = next(k for k, v in enumerate(views) if v.name == name)
-            here = ordered and not (
-                by_usage
-                and not instances[k].ranks
-                and (instances[k].kv_usage or 0.0) < self.dispatch.pressure_kv
-            )
+            here = ranked[k]
+            sent = t.priority if here else t.arrival_priority
             out.append(
                 Assignment(
-                    rid, name, t.priority if here else t.arrival_priority, t.scheduled,
+                    rid, name, sent, t.scheduled,
                     decision.policy, self.state.mode, flying.count(name), cached[k], here,
                 )
             )  # fmt: skip
             entry.instance = name
-            flying.add(rid, name, t.scheduled, a.prompt_tokens, a.request_class)
+            flying.add(rid, name, t.scheduled, a.prompt_tokens, a.request_class, sent)
             if blocks[k]:
                 self._prefixes[name].touch(blocks[k])
             views[k] = self._view(instances[k])

@@ -95,6 +95,13 @@ class DispatchSettings(_Section):
     target_fill: float = Field(
         default=0.95, gt=0, le=1, description="kv: the share of an instance's KV cache to fill."
     )
+    outrank: bool = Field(
+        default=True,
+        description="kv: at an instance that gets length-ordered priorities (engine_order), a "
+        "newcomer needs room in the projection only beside the requests there that rank ahead "
+        "of it or will be done before it: vLLM's priority policy preempts the others for it when "
+        "the cache runs short.",
+    )
     override_fill: float = Field(
         default=1.0,
         ge=0,

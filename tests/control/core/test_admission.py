@@ -15,6 +15,8 @@ CAPACITY = 1000  # KV tokens per instance: target_fill 0.95 leaves 950
 
 
 def core(**dispatch) -> Scheduler:
+    """Outranking off unless asked for: these tests pin the projection itself."""
+    dispatch = {"outrank": False, **dispatch}
     settings = DispatchSettings(policy="least-load", aging_s=1000.0, **dispatch)
     return Scheduler(settings, ControllerSettings(enabled=False))
 
@@ -51,6 +53,36 @@ def test_a_request_goes_only_where_its_lifetime_footprint_fits(newcomer, admitte
     assert (placed(s, state()) == ["new"]) is admitted
     assert s.depth == (0 if admitted else 1)
     assert s.stats.kv_held == (0 if admitted else 1)
+
+
+@pytest.mark.parametrize(
+    ("newcomer", "usage", "outrank", "admitted"),
+    [
+        pytest.param((100, 460), 0.9, True, True, id="it outranks the one there: vLLM preempts it"),
+        pytest.param((100, 460), 0.5, True, False, id="arrival order there: no preemption for it"),
+        pytest.param((100, 460), 0.9, False, False, id="outranking off: the projection alone"),
+        pytest.param((100, 600), 0.9, True, False, id="it ranks behind the one there"),
+    ],
+)
+def test_where_vllm_gets_priorities_a_newcomer_needs_room_only_beside_those_ahead(
+    newcomer, usage, outrank, admitted
+):
+    s = core(outrank=outrank)
+    send(s, "big", 400, 500)
+    placed(s, state())
+    send(s, "new", *newcomer)
+    assert (placed(s, state(usage=usage)) == ["new"]) is admitted
+
+
+def test_a_request_nearly_done_is_not_preempted_for_one_that_outranks_it():
+    s = core(outrank=True)
+    send(s, "big", 400, 500)
+    placed(s, state())
+    s.progress("big", 480)  # a tenth of its prediction left, less than the newcomer's
+    send(s, "new", 100, 460)
+    assert placed(s, state()) == []
+    s.finish("big", Outcome(500), now=1.0)
+    assert placed(s, state(), now=1.0) == ["new"]
 
 
 def test_the_engine_measuring_room_and_no_queue_admits_anyway():
