@@ -3,10 +3,12 @@
 Each ``--set field=value[,field=value]`` is a variant of the default ``steersman`` policy with
 those `[dispatch]` settings changed (validated as the daemon's configuration is: a wrong name or
 value is refused naming it), run beside least-load, vllm-priority and the default on 8 simulated
-instances of a profile with the demo's length model and held-out prompts, over several arrival
-seeds: in one scenario of the sim bench (``steady:LEVEL``, ``gammaCV`` at 0.8x, ``burst``), at
-rates that are shares of least-load's capacity at P99 TTFT <= 1 s (``--capacity``, else
-searched), or each policy's own capacity, searched near it (``capacity``).
+instances of a profile with the demo's length model and held-out prompts, over 12 arrival seeds
+(``--seeds``; in the burst, seed s is the sim bench's run from point s of the trace, so the two
+measure the same runs): in one scenario of the sim bench (``steady:LEVEL``, ``gammaCV`` at 0.8x,
+``burst``), at rates that are shares of least-load's capacity at P99 TTFT <= 1 s
+(``--capacity``, else searched), or each policy's own capacity, searched near it
+(``capacity``).
 
 Run from the repository root:
     python -m benchmarks.dispatch_settings --profile a30-llama2-7b --scenario gamma4 \\
@@ -129,8 +131,9 @@ def compare(
                                        band_errors=errors)  # fmt: skip
                 runs.append({"capacity_rps": round(found, 2)})
                 continue
+            # One burst per seed (the burst's point of the trace): the seeds are the repeats.
             options = SimOptions(instances=instances, requests=len(items), seed=seed,
-                                 band_errors=errors)  # fmt: skip
+                                 burst_repeats=1, band_errors=errors)  # fmt: skip
             run, _ = scenario_run(scenario, name, variant, items, trace, capacity, profile, options)
             runs.append(run)
         row: dict[str, Any] = {"benchmark": "dispatch_settings", "policy": name,
@@ -153,7 +156,8 @@ def main() -> None:
     parser.add_argument("--profile", default="a30-llama2-7b")
     parser.add_argument("--scenario", default="gamma4")
     parser.add_argument("--capacity", type=float, help="least-load's, req/s (default: searched)")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=12,
+                        help="arrival seeds (in the burst: points of the trace)")  # fmt: skip
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument(
         "--policies",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,29 @@ def sim_section(sim: dict[str, Any]) -> list[str]:
     return lines
 
 
+def per_run(by: dict[str, dict[str, Any]]) -> str:
+    """The spread of each policy's share of least-load's over the runs of a repeated scenario
+    (the burst: each run from another point of the trace).
+
+    >>> per_run({"least-load": {"norm_mean_by_run": [2.0, 4.0, 4.0]},
+    ...          "steersman": {"norm_mean_by_run": [1.0, 1.0, 3.0]}})
+    'steersman 0.25-0.75 (median 0.5)'
+    """
+    base = by.get("least-load", {}).get("norm_mean_by_run")
+    if not base:
+        return ""
+    parts = []
+    for name, r in by.items():
+        runs = r.get("norm_mean_by_run")
+        if name == "least-load" or not runs or len(runs) != len(base):
+            continue
+        shares = sorted(x / b for x, b in zip(runs, base, strict=True) if b)
+        if shares:
+            median = statistics.median(shares)
+            parts.append(f"{name} {shares[0]:.2f}-{shares[-1]:.2f} (median {median:.2g})")
+    return ", ".join(parts)
+
+
 def table(runs: list[dict[str, Any]]) -> str:
     head = "| policy | " + " | ".join(label for label, _ in COLUMNS) + " |"
     rows = [head, "|---" * (len(COLUMNS) + 1) + "|"]
@@ -183,6 +207,8 @@ def ratios(runs: list[dict[str, Any]]) -> str:
         got = [f"{m} {_ratio(by[name].get(m), base.get(m))}" for m in RATIOS]
         parts.append(f"{name}: " + ", ".join(got))
     text = "Ratios to least-load: " + "; ".join(parts) + "."
+    if spread := per_run(by):
+        text += " Per run, normalized latency to least-load's in the same run: " + spread + "."
     if "least-load@envoy" in by and "steersman@envoy" in by:
         envoy, mine = by["least-load@envoy"], by["steersman@envoy"]
         got = [f"{m} {_ratio(mine.get(m), envoy.get(m))}" for m in RATIOS]

@@ -14,6 +14,7 @@ import pytest
 import benchmarks.dispatch_settings
 from benchmarks.dispatch_settings import FIGURES, changed, compare, noisy
 from steersman.control.harness import bench
+from steersman.control.harness.bench_suite import SimOptions, scenario_run
 from steersman.control.harness.workloads import load_trace
 from steersman.control.sim.profiles import load_profile
 from steersman.data import path
@@ -113,3 +114,16 @@ def test_bad_arguments_are_refused_in_one_line_before_any_run(args, says):
     assert ran.stdout == ""
     assert ran.stderr.strip().splitlines() == [ran.stderr.strip()]
     assert ran.stderr.startswith(says)
+
+
+def test_its_burst_seeds_are_the_suites_burst_runs_one_for_one():
+    """The two harnesses measure the same runs: seed s here is the suite's burst from point s."""
+    profile, trace = load_profile("a30-llama2-7b"), load_trace(path("azure_conv"))
+    items = bench.trace_items(trace, [-0.7, 0.0, 0.7], 400, profile.max_model_len, seed=0)
+    policies = {name: bench.variants()[name] for name in ("least-load", "steersman")}
+    rows = compare(policies, items, trace, profile, "burst", 6.0, seeds=[0, 1], instances=2)
+    options = SimOptions(instances=2, requests=len(items), burst_repeats=2, workers=1)
+    for row in rows:
+        name = row["policy"]
+        suite, _ = scenario_run("burst", name, policies[name], items, trace, 6.0, profile, options)
+        assert row["norm_mean_s"] == suite["norm_mean_by_run"]

@@ -187,3 +187,20 @@ def test_the_prompts_vectors_reach_the_corrector_through_the_simulated_core():
     seen = bench.run_sim("steersman", steersman, items, times, A30, 2)
     not_seen = bench.run_sim("steersman", steersman, blind, times, A30, 2)
     assert seen["norm_mean_s"] < 0.9 * not_seen["norm_mean_s"], (seen, not_seen)
+
+
+def test_the_burst_runs_each_point_of_the_trace_once_the_same_in_worker_processes():
+    """Each repeat of the burst lands on another point of the trace, and a worker pool changes
+    none of the figures (each run is deterministic wherever it runs)."""
+    items, least_load = pool(400, 3), bench.variants()["least-load"]
+
+    def burst(workers: int) -> dict:
+        options = SimOptions(instances=2, requests=400, burst_repeats=3, workers=workers)
+        return scenario_run("burst", "least-load", least_load, items, TRACE, 4.0, A30, options)[0]
+
+    alone, pooled = burst(1), burst(2)
+    assert alone["repeats"] == 3 and len(alone["norm_mean_by_run"]) == 3
+    assert len(set(alone["norm_mean_by_run"])) == 3  # three points, three overloads
+    assert pooled["norm_mean_by_run"] == alone["norm_mean_by_run"]
+    mean = sum(alone["norm_mean_by_run"]) / 3
+    assert pooled["norm_mean_s"] == alone["norm_mean_s"] == pytest.approx(mean, abs=1e-4)
