@@ -255,7 +255,8 @@ class Scheduler:
                 room, forced = kv.decide(
                     a.prompt_tokens, expected, left, cached, t.priority, ranked
                 )
-            elif held:  # past a held best key, only where the engine measures room for it
+            elif held and not self._overdue(entry, now):
+                # past a held best key, only where the engine measures room for it
                 room = kv.measured_room(a.prompt_tokens, cached)
             if room is not None:
                 offered = [
@@ -323,6 +324,11 @@ class Scheduler:
                 return entry
             heapq.heappop(ages)
         return None
+
+    def _overdue(self, entry: _Entry, now: float) -> bool:
+        """Whether ``entry`` has waited past ``max_wait_s``: then it goes out without room."""
+        wait = self.dispatch.max_wait_s
+        return wait is not None and now - entry.added_at > wait
 
     def _next(self, now: float, held: bool) -> _Entry | None:
         """The waiting request to place next: the best key; once the projection holds that back

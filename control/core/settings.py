@@ -135,6 +135,14 @@ class DispatchSettings(_Section):
         "key is held, such requests go oldest first where the engine measures KV usage under "
         "target_fill with their prompt.",
     )
+    max_wait_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="kv: a request that has waited this long goes out even where no engine "
+        "measures room for it: vLLM's priority policy ranks it by its arrival-aged key there and "
+        "preempts younger requests for it, where steersman's queue could only hold it until "
+        "memory frees. None: it waits for room.",
+    )
     load_margin: float = Field(
         default=0.1,
         ge=0,

@@ -159,17 +159,19 @@ def test_what_is_left_of_requests_past_their_prediction_is_refined():
 
 
 @pytest.mark.parametrize(
-    ("now", "usage", "placed_now"),
+    ("now", "usage", "placed_now", "max_wait_s"),
     [
-        pytest.param(0.2, 0.5, [], id="within max_hold_s: both wait"),
-        pytest.param(0.3, 0.5, ["long"], id="past it: the newcomer ahead does not hold it back"),
-        pytest.param(0.3, 0.95, [], id="past it, but the engine measures no room either"),
+        pytest.param(0.2, 0.5, [], None, id="within max_hold_s: both wait"),
+        pytest.param(0.3, 0.5, ["long"], None, id="past it: the newcomer ahead does not hold it"),
+        pytest.param(0.3, 0.95, [], None, id="past it, but the engine measures no room either"),
+        pytest.param(0.3, 0.95, [], 0.3, id="not yet past max_wait_s: it waits for room"),
+        pytest.param(0.3, 0.95, ["long"], 0.28, id="past max_wait_s: vLLM's queue holds it"),
     ],
 )
 def test_past_max_hold_s_a_request_behind_a_held_better_key_goes_where_there_is_room(
-    now, usage, placed_now
+    now, usage, placed_now, max_wait_s
 ):
-    s = core(max_hold_s=0.25)
+    s = core(max_hold_s=0.25, max_wait_s=max_wait_s)
     send(s, "big", 400, 500)
     placed(s, state())
     send(s, "long", 100, 460, now=0.0)
