@@ -333,9 +333,9 @@ class Scheduler:
     def _next(self, now: float, held: bool) -> _Entry | None:
         """The waiting request to place next: the best key; once the projection holds that back
         (``held``), the oldest request if it has waited ``max_hold_s`` (``schedule`` offers it
-        the instances that measure room for it). The best key is often a newcomer: behind it, a
-        request predicted long would otherwise wait for aging to lift it to the head, for
-        seconds."""
+        the instances that measure room for it; past ``max_wait_s``, every one). The best key is
+        often a newcomer: behind it, a request predicted long would otherwise wait for aging to
+        lift it to the head, for seconds."""
         if held:
             oldest = self._oldest()
             overdue = oldest is not None and now - oldest.added_at > self.dispatch.max_hold_s
