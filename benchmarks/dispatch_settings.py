@@ -14,7 +14,8 @@ Run from the repository root:
     python -m benchmarks.dispatch_settings --profile a30-llama2-7b --scenario gamma4 \\
         --set admission=none --set ttft_weight=1
 Prints one JSON object per policy: P99 TTFT, mean and P99 E2E, mean normalized latency (or the
-capacity) per seed, their means, and the means' ratios to the first policy's (least-load's).
+capacity) per seed, their means, and the means' ratios to the first policy's (least-load's) with
+their 90% bootstrap intervals over the seeds (``to_least-load_90%``).
 Requests carry each prompt's vector for the corrector's similar-prompt prior, as in the daemon;
 ``--without-similar`` runs the policies that learn from predictions once more without them,
 named ``POLICY -similar``. ``--vary vllm-priority,steersman`` makes each ``--set`` a variant of
@@ -40,6 +41,7 @@ from pydantic import ValidationError
 from steersman.control.core.settings import DispatchSettings
 from steersman.control.harness import bench
 from steersman.control.harness.bench_suite import SimOptions, check_scenario, scenario_run
+from steersman.control.harness.intervals import CONFIDENCE, ratio_interval
 from steersman.control.harness.workloads import Trace, load_trace
 from steersman.control.serve.served_model import validation_errors
 from steersman.control.serve.settings import Settings
@@ -147,6 +149,12 @@ def compare(
     for row in rows:
         row["to_" + rows[0]["policy"]] = {
             f: round(row[f"{f}_mean"] / base[f], 4) for f in figures if base[f]
+        }
+        # The seeds resampled in pairs: a ratio whose interval holds 1 is not a difference.
+        row[f"to_{rows[0]['policy']}_{CONFIDENCE:.0%}"] = {
+            f: [round(got[1], 4), round(got[2], 4)]
+            for f in figures
+            if (got := ratio_interval(row[f], rows[0][f]))
         }
     return rows
 

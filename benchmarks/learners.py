@@ -7,10 +7,10 @@ Prints one JSON object:
   per answering model (a pool serves one model and learns from its history), each through a
   fresh online corrector: Kendall tau, within-30% and band coverage of the base model, the
   corrected prediction, the fast path and the corrected prediction with the similar-prompt prior
-  (``similar``), as the mean over the 12 models and for each; ``after_history``: the same once
-  each model's answers to the training prompts (its pool's earlier traffic, about 640 requests)
-  were learned first; and the 12 models' answers served interleaved through one corrector
-  (pooled).
+  (``similar``), as the mean over the 12 models (with the 90% intervals over the prompts of its
+  tau and of its gain over the base model's) and for each; ``after_history``: the same once each
+  model's answers to the training prompts (its pool's earlier traffic, about 640 requests) were
+  learned first; and the 12 models' answers served interleaved through one corrector (pooled).
 - ``data``: the same for any prompt/response file given with ``--data`` (prompts of a kind the
   repository does not hold).
 - ``mooncake``: the hashed Mooncake trace (shared prefixes, real output lengths, no text) served
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import kendalltau
 
+from steersman.control.harness.intervals import mean_tau_interval
 from steersman.control.harness.prefix import load_hashed_trace
 from steersman.control.harness.replay import percentile
 from steersman.control.training.bundled import bundled_records, held_out
@@ -62,6 +63,16 @@ def served_in_order(
 ):
     """``evaluate`` over the records in their order (after ``before``, learned first): the
     scores of each path and its bands."""
+    return _served(records, counter, base, before)[0]
+
+
+def _served(
+    records: list[PromptRecord],
+    counter: TokenCounter,
+    base: Predicted,
+    before: list[PromptRecord] | None = None,
+) -> tuple[dict[str, Any], dict[str, list[tuple[float, float]]]]:
+    """``served_in_order``'s scores, and each path's (predicted, actual) per record."""
     prompts = [r.prompt for r in records]
     actual = counter.count_many([r.response for r in records])
     history = None
@@ -82,11 +93,12 @@ def served_in_order(
         checkpoints=(len(records),),
         vectors=[base[p][1] for p in prompts],
         history=history,
+        with_pairs=True,
     )
     out = {name: _brief(got) for name, got in result["overall"].items()}
     for name, band in result["band"].items():
         out[name]["band_coverage"] = band["coverage"]
-    return out
+    return out, result["pairs"]
 
 
 def by_model(
@@ -95,21 +107,41 @@ def by_model(
     base: Predicted,
     before: list[PromptRecord] | None = None,
 ):
-    """Per answering model, its records served in order (after its records in ``before``)."""
+    """Per answering model, its records served in order (after its records in ``before``); the
+    mean tau of each path with its 90% interval over the prompts (``kendall_tau_90%``: another
+    draw of prompts moves every model's figure at once), and that of its gain over the text
+    model's (``kendall_tau_over_base_90%``)."""
     models: dict[str, list[PromptRecord]] = {}
     for r in records:
         models.setdefault(_model_of(r), []).append(r)
-    each = {
-        m: served_in_order(rs, counter, base, [r for r in before or () if _model_of(r) == m])
-        for m, rs in sorted(models.items())
-    }
+    each, answers = {}, {}
+    for m, rs in sorted(models.items()):
+        each[m], got = _served(rs, counter, base, [r for r in before or () if _model_of(r) == m])
+        answers[m] = {
+            name: dict(zip((r.prompt for r in rs), pairs, strict=True))
+            for name, pairs in got.items()
+        }
+    first = next(iter(each.values()))
     mean = {
         path: {
-            k: round(statistics.fmean(e[path][k] for e in each.values()), 3)
-            for k in next(iter(each.values()))[path]
+            k: round(statistics.fmean(e[path][k] for e in each.values()), 3) for k in first[path]
         }
-        for path in next(iter(each.values()))
+        for path in first
     }
+    # The prompts every model answered, in one order: a resample draws the same ones for all.
+    shared = sorted(set.intersection(*({r.prompt for r in rs} for rs in models.values())))
+    groups = {
+        name: [tuple(zip(*(a[name][p] for p in shared), strict=True)) for a in answers.values()]
+        for name in (first if len(shared) > 2 else ())
+    }
+    for name, got in groups.items():
+        if interval := mean_tau_interval(got):
+            mean[name]["kendall_tau_90%"] = [round(x, 3) for x in interval]
+        # What the online paths add to the text model's ranking, on the same draws of prompts.
+        if name != "base" and "base" in groups:
+            baseline = [predicted for predicted, _ in groups["base"]]
+            if gain := mean_tau_interval(got, baseline):
+                mean[name]["kendall_tau_over_base_90%"] = [round(x, 3) for x in gain]
     return {"models": len(each), "mean_within_model": mean, "per_model": each}
 
 

@@ -35,10 +35,12 @@ def evaluate(
     window: int = 200,
     vectors: list[Any] | None = None,
     history: History | None = None,
+    with_pairs: bool = False,
 ) -> dict[str, Any]:
     """Progressive evaluation in the given order; rolling MAE at each checkpoint. ``vectors``
     (the length model's, per prompt; with ``base``) adds the ``similar`` path: the corrected
-    prediction with the similar-prompt prior. ``history``: learned first by every path."""
+    prediction with the similar-prompt prior. ``history``: learned first by every path.
+    ``with_pairs``: each path's (predicted, actual) per request too, in the order served."""
     fast, corrected, similar = LengthCorrector(), LengthCorrector(), LengthCorrector()
     with_vectors = base is not None and vectors is not None
 
@@ -86,7 +88,7 @@ def evaluate(
                 for name, got in pairs.items()
                 if got
             }
-    return {
+    out = {
         "rows": len(actual),
         "overall": {name: score(got) for name, got in pairs.items() if got},
         "per_class": {
@@ -97,6 +99,9 @@ def evaluate(
         "band": {name: band_score(got) for name, got in bands.items() if got},
         "drift_events": corrected.drifts if base is not None else fast.drifts,
     }
+    if with_pairs:
+        out["pairs"] = {name: got for name, got in pairs.items() if got}
+    return out
 
 
 def band_score(bands: list[tuple[float, float, float]], tolerance: float = 0.3) -> dict[str, float]:

@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from steersman.control.harness.intervals import CONFIDENCE, ratio_interval
+
 COLUMNS = (
     ("TTFT p50", "ttft_p50_s"),
     ("TTFT p99", "ttft_p99_s"),
@@ -25,6 +27,9 @@ COLUMNS = (
     ("prefix hit", "prefix_hit_rate"),
 )
 RATIOS = ("norm_mean_s", "ttft_p50_s", "ttft_p99_s", "e2e_mean_s", "e2e_p99_s", "preemptions")
+# Beside every policy to least-load, the comparisons the targets are read from: steersman to the
+# same priorities handed to vLLM, and to what true lengths give.
+PAIRED = (("steersman", "vllm-priority"), ("steersman", "oracle"))
 
 
 def report(results: dict[str, Any]) -> str:
@@ -180,6 +185,26 @@ def per_run(by: dict[str, dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
+def paired(by: dict[str, dict[str, Any]]) -> str:
+    """Each policy's normalized latency to least-load's, and steersman's to the policies it is
+    judged against, over the runs of a repeated scenario, with the bootstrap interval of each
+    ratio (the runs resampled in pairs).
+
+    >>> paired({"least-load": {"norm_mean_by_run": [2.0, 4.0, 4.0]},
+    ...         "steersman": {"norm_mean_by_run": [1.0, 2.0, 2.0]}})
+    'steersman to least-load 0.500x (0.500-0.500)'
+    """
+    parts = []
+    to_least_load = [(name, "least-load") for name in by if name != "least-load"]
+    for name, other in [*to_least_load, *PAIRED]:
+        a = by.get(name, {}).get("norm_mean_by_run")
+        b = by.get(other, {}).get("norm_mean_by_run")
+        if a and b and (got := ratio_interval(a, b)):
+            point, lo, hi = got
+            parts.append(f"{name} to {other} {point:.3f}x ({lo:.3f}-{hi:.3f})")
+    return ", ".join(parts)
+
+
 def table(runs: list[dict[str, Any]]) -> str:
     head = "| policy | " + " | ".join(label for label, _ in COLUMNS) + " |"
     rows = [head, "|---" * (len(COLUMNS) + 1) + "|"]
@@ -209,6 +234,11 @@ def ratios(runs: list[dict[str, Any]]) -> str:
     text = "Ratios to least-load: " + "; ".join(parts) + "."
     if spread := per_run(by):
         text += " Per run, normalized latency to least-load's in the same run: " + spread + "."
+    if sure := paired(by):
+        text += (
+            f" Mean normalized latency with its {CONFIDENCE:.0%} interval over the runs"
+            f" (resampled in pairs; one training of the length model): {sure}."
+        )
     if "least-load@envoy" in by and "steersman@envoy" in by:
         envoy, mine = by["least-load@envoy"], by["steersman@envoy"]
         got = [f"{m} {_ratio(mine.get(m), envoy.get(m))}" for m in RATIOS]

@@ -57,6 +57,11 @@ def test_variants_run_side_by_side_and_only_a_real_change_moves_the_figures():
         assert same[figure] == default[figure]  # deterministic, and the same settings
     # Without the KV admission every request goes to vLLM at once: the burst runs otherwise.
     assert other["norm_mean_s"] != default["norm_mean_s"]
+    # Each ratio comes with its interval over the seeds, which holds the ratio itself.
+    assert rows["least-load"]["to_least-load_90%"] == {f: [1.0, 1.0] for f in FIGURES}
+    for row in (default, other):
+        for figure, (lo, hi) in row["to_least-load_90%"].items():
+            assert lo <= row["to_least-load"][figure] <= hi
 
 
 def test_capacity_is_searched_per_policy_near_the_one_given():
