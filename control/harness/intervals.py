@@ -8,7 +8,8 @@ act on. The resampling is seeded, so a report renders the same twice.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.stats import bootstrap, kendalltau
@@ -40,17 +41,11 @@ def ratio_interval(
     point = float(x.sum() / y.sum())
     if np.allclose(x, point * y):  # every pair in the same proportion: nothing to resample
         return point, point, point
-    got = bootstrap(
-        (x, y),
-        lambda u, v, axis: u.sum(axis=axis) / v.sum(axis=axis),
-        paired=True,
-        vectorized=True,
-        confidence_level=confidence,
-        n_resamples=RESAMPLES,
-        method="percentile",
-        rng=np.random.default_rng(0),
-    ).confidence_interval
-    return point, float(got.low), float(got.high)
+
+    def ratio(u: np.ndarray, v: np.ndarray, axis: int) -> np.ndarray:
+        return u.sum(axis=axis) / v.sum(axis=axis)
+
+    return (point, *_percentile((x, y), ratio, confidence, RESAMPLES, paired=True, vectorized=True))
 
 
 def mean_tau_interval(
@@ -97,13 +92,24 @@ def mean_tau_interval(
         got = mean_tau([p for p, _ in arrays], index)
         return got - mean_tau(others, index) if others else got
 
+    return _percentile((np.arange(n),), statistic, confidence, resamples, vectorized=False)
+
+
+def _percentile(
+    data: tuple[np.ndarray, ...],
+    statistic: Callable[..., Any],
+    confidence: float,
+    resamples: int,
+    **how: bool,
+) -> tuple[float, float]:
+    """SciPy's percentile bootstrap, seeded: the same interval every time for the same data."""
     got = bootstrap(
-        (np.arange(n),),
+        data,
         statistic,
-        vectorized=False,
         confidence_level=confidence,
         n_resamples=resamples,
         method="percentile",
         rng=np.random.default_rng(0),
+        **how,
     ).confidence_interval
     return float(got.low), float(got.high)
