@@ -233,6 +233,12 @@ def front_door(
     picker = f"127.0.0.1:{daemon.epp_port}"
     with EnvoyProxy(picker, servers, config.run_dir / "envoy", observe=True) as envoy:
         yield envoy.url
+        # Envoy hands each answer to the picker's observing filter without waiting for it, so a
+        # client can have its last token before steersman has read it: stopping Envoy then would
+        # cut those answers short, and steersman would learn nothing from them.
+        deadline = time.monotonic() + daemon.settings.gateway.drain_timeout_s
+        while daemon.legs and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def run_demo(
