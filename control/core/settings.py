@@ -167,7 +167,7 @@ class DispatchSettings(_Section):
         "which an instance gets length-ordered priorities.",
     )
     aging_s: float = Field(
-        default=4.0, gt=0, description="Waiting this long outranks a prediction twice as short."
+        default=8.0, gt=0, description="Waiting this long outranks a prediction twice as short."
     )
     unordered_size: Literal["zero", "typical"] = Field(
         default="zero",

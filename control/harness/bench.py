@@ -72,9 +72,9 @@ def variants(base: DispatchSettings | None = None, engine: str = "steersman") ->
     settings steersman runs with (the defaults, or an operator's); the other policies take what
     they share with it (the aging that vLLM's priority policy reads) and set what defines them.
 
-    >>> v = variants(DispatchSettings(aging_s=8))
+    >>> v = variants(DispatchSettings(aging_s=16))
     >>> v["steersman"].dispatch.aging_s, v["vllm-priority"].dispatch.aging_s
-    (8.0, 8.0)
+    (16.0, 16.0)
     >>> v["vllm-priority"].dispatch.policy, v["vllm-priority"].dispatch.admission
     ('least-load', 'none')
     """

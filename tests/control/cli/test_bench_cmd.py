@@ -24,7 +24,7 @@ def bench(args: list[str], data: Path, config: Path | None = None) -> subprocess
 def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model):
     data = tmp_path / "data"
     config = tmp_path / "steersman.toml"  # the operator's settings are the ones benchmarked
-    config.write_text("[dispatch]\naging_s = 8\n")
+    config.write_text("[dispatch]\naging_s = 16\n")
     shutil.copytree(tiny_model, data / "models" / "tiny-llama")
     out = tmp_path / "out"
     args = ["--suite", "fleet", "--fleet", "1xa100-llama2-7b+1xa30-llama2-7b"]
@@ -34,7 +34,7 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
     done = bench(args, data, config)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert results["dispatch_changed"] == {"aging_s": 8.0}
+    assert results["dispatch_changed"] == {"aging_s": 16.0}
     fleet = results["fleet"]
     assert list(fleet["scenarios"]) == ["throttle", "steady", "quiet"]
     for scenario, runs in fleet["scenarios"].items():
@@ -52,7 +52,7 @@ def test_the_fleet_suite_reports_every_scenario_and_policy(tmp_path, tiny_model)
     assert "tracking" in fleet["scenarios"]["throttle"]["steersman"]
     assert fleet["floor"]["measured"] == fleet["scenarios"]["throttle"]["least-load"]["measured"]
     report = (out / "report.md").read_text()
-    assert "`[dispatch]` settings changed from the defaults: `aging_s = 8.0`" in report
+    assert "`[dispatch]` settings changed from the defaults: `aging_s = 16.0`" in report
     assert "## Fleets that differ and GPUs that slow down" in report
     assert "2xa100-llama2-7b, throttle: instance 0's clock capped at 60%" in report
     assert "| steersman-frozen | " in report and "tracked after |" in report
